@@ -1,0 +1,134 @@
+"""Greedy DFlash speculative decoding with target verification, and acceptance length tau.
+
+Each round the proposer drafts B-1 tokens after the current anchor token; the target verifies
+the whole block in one forward; the longest prefix matching the target's greedy tokens is
+accepted and the target's next token is the bonus (the next anchor). tau is the mean over
+rounds of (accepted + 1): the bonus counts, the maximum is B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from pipeline.model.drafter import DFlashDrafter, embed_tokens
+from pipeline.model.target import TargetHead
+
+
+class Proposer(Protocol):
+    block_size: int
+
+    def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """tokens [a+1] end with the anchor at position a; features [1, a, F] cover 0..a-1.
+        Returns the B-1 drafted tokens for positions a+1 .. a+B-1."""
+
+
+class DrafterProposer:
+    """Drafts with a DFlash drafter: context features, then the block alone (no other blocks)."""
+
+    def __init__(self, drafter: DFlashDrafter, head: TargetHead) -> None:
+        self.drafter = drafter
+        self.head = head
+        self.block_size = drafter.spec.block_size
+        self.mask_token_id = drafter.spec.mask_token_id
+
+    @torch.no_grad()
+    def block_logits(self, features: torch.Tensor, anchor_token: int,
+                     anchor_pos: int) -> torch.Tensor:
+        """Logits [B-1, V] for block positions 1..B-1 of the block anchored at ``anchor_pos``."""
+        dev = features.device
+        ids = torch.full((1, self.block_size), self.mask_token_id, device=dev)
+        ids[0, 0] = anchor_token
+        block_pos = torch.arange(anchor_pos, anchor_pos + self.block_size, device=dev)[None]
+        ctx_pos = torch.arange(features.shape[1], device=dev)[None]
+        weight = self.drafter.fc.weight
+        hidden = self.drafter(features, embed_tokens(self.head.embed, ids, weight.dtype),
+                              ctx_pos, block_pos, None)
+        return (hidden[0, 1:] @ self.head.lm_head.to(hidden.dtype).t()).float()
+
+    def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        a = tokens.numel() - 1
+        return self.block_logits(features[:, :a], int(tokens[-1]), a).argmax(-1)
+
+
+class OracleProposer:
+    """Proposes the target's own greedy continuation: tau must equal B."""
+
+    def __init__(self, target: nn.Module, block_size: int) -> None:
+        self.target = target
+        self.block_size = block_size
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        seq = tokens[None]
+        for _ in range(self.block_size - 1):
+            nxt = self.target(seq, use_cache=False).logits[0, -1].argmax()
+            seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+        return seq[0, tokens.numel():]
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per round
+
+    @property
+    def acceptance_lengths(self) -> list[int]:
+        return [n + 1 for n in self.accepted]
+
+
+def _taps(hidden_states: Sequence[torch.Tensor], tap_ids: Sequence[int]) -> torch.Tensor:
+    return torch.cat([hidden_states[i + 1] for i in tap_ids], dim=-1)
+
+
+@torch.no_grad()
+def speculative_generate(target: nn.Module, proposer: Proposer, prompt: Sequence[int],
+                         tap_ids: Sequence[int], max_new_tokens: int,
+                         eos_token_id: Optional[int] = None) -> DecodeResult:
+    """Greedy speculative decoding of one prompt with the target's KV cache."""
+    from transformers import DynamicCache
+
+    dev = next(target.parameters()).device
+    ids = torch.tensor(list(prompt), device=dev)[None]
+    cache = DynamicCache()
+    out = target(ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    features = _taps(out.hidden_states, tap_ids)
+    tokens = torch.cat([ids[0], out.logits[0, -1].argmax().view(1)])
+    result = DecodeResult(tokens=[])
+    while tokens.numel() - len(prompt) < max_new_tokens and int(tokens[-1]) != eos_token_id:
+        a = tokens.numel() - 1
+        draft = proposer.propose(tokens, features)
+        block = torch.cat([tokens[-1:], draft])[None]
+        out = target(block, past_key_values=cache, use_cache=True, output_hidden_states=True,
+                     position_ids=torch.arange(a, a + block.shape[1], device=dev)[None])
+        posterior = out.logits[0].argmax(-1)
+        n = int((draft == posterior[:-1]).long().cumprod(0).sum())
+        result.accepted.append(n)
+        features = torch.cat([features, _taps(out.hidden_states, tap_ids)[:, : n + 1]], dim=1)
+        tokens = torch.cat([tokens, draft[:n], posterior[n:n + 1]])
+        _crop(cache, a + n + 1)
+        if eos_token_id is not None and bool((tokens[a + 1:] == eos_token_id).any()):
+            break
+    new = tokens[len(prompt):].tolist()
+    if eos_token_id in new:
+        new = new[: new.index(eos_token_id) + 1]
+    result.tokens = new
+    return result
+
+
+def _crop(cache, length: int) -> None:
+    # A negative argument means "drop this many", the one form every transformers version takes.
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def acceptance_length(results: Sequence[DecodeResult]) -> float:
+    """tau: mean over all rounds of all prompts of (accepted + 1)."""
+    lengths = [x for r in results for x in r.acceptance_lengths]
+    if not lengths:
+        raise ValueError("no speculative rounds ran: every prompt ended before its first round")
+    return sum(lengths) / len(lengths)

@@ -1,0 +1,55 @@
+"""Save and load the drafter in the format SGLang, vLLM and z-lab's code load.
+
+A folder with ``config.json`` (a Qwen3 config plus the DFlash fields) and ``model.safetensors``
+(bf16 by default) holding ``layers.{i}.*``, ``fc.weight``, ``hidden_norm.weight`` and
+``norm.weight``; no embedding, no LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Union
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.model.config import DrafterSpec
+from pipeline.model.drafter import DFlashDrafter
+
+PathLike = Union[str, os.PathLike]
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def drafter_state_dict(model: DFlashDrafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The persistent weights, detached, contiguous, on CPU, in the export dtype."""
+    return {name: t.detach().to("cpu", dtype).contiguous()
+            for name, t in model.state_dict().items()}
+
+
+def save_drafter(model: DFlashDrafter, out_dir: PathLike, dtype: str = "bfloat16") -> Path:
+    """Write config.json + model.safetensors into ``out_dir`` (created if needed)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"export dtype={dtype!r} is not allowed: expected one of {list(_DTYPES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(model.spec.hf_config, torch_dtype=dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(drafter_state_dict(model, _DTYPES[dtype]), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out
+
+
+def load_drafter(path: PathLike, device: Union[str, torch.device] = "cpu",
+                 dtype: torch.dtype = torch.float32) -> DFlashDrafter:
+    """Rebuild a drafter from an exported folder; every weight must be present."""
+    path = Path(path)
+    spec = DrafterSpec.from_hf_config(json.loads((path / "config.json").read_text()))
+    with torch.device("meta"):
+        model = DFlashDrafter(spec)
+    state = load_file(str(path / "model.safetensors"), device="cpu")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    # Non-persistent buffers (RoPE frequencies) were on meta: rebuild them on the real device.
+    model.rotary_emb = type(model.rotary_emb)(model.rotary_emb.config)
+    return model.to(device)

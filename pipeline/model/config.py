@@ -1,0 +1,167 @@
+"""Drafter options and the HF-style config.json that DFlash loaders read.
+
+The drafter copies its layer shapes from the target (hidden size, heads, rope) and adds the
+DFlash fields listed in dflash.md: ``architectures``, ``block_size``, ``num_target_layers``,
+``dflash_config`` and ``layer_types``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+# Target config fields that describe the target's files, not the drafter; everything else
+# (vocabulary, special tokens, rope) is kept so loaders see the target's vocabulary.
+_DROP_FROM_TARGET = ("auto_map", "_name_or_path", "transformers_version", "dtype", "torch_dtype")
+
+
+@dataclass
+class DrafterConfig:
+    """What a user chooses about the drafter; everything else comes from the target config."""
+
+    num_layers: int = 1
+    block_size: int = 16
+    # None: spread ``num_taps`` evenly from layer 1 to layer T-3 (dflash.md).
+    target_layer_ids: Optional[list[int]] = None
+    num_taps: int = 5
+    # None: the tokenizer's mask token.
+    mask_token_id: Optional[int] = None
+    num_anchors: int = 512
+    # None: 7 for B=16, 5 for B=10, 4 for B=8 (dflash.md), else B/2.3 rounded.
+    gamma: Optional[float] = None
+    attention: Literal["sdpa", "flex"] = "sdpa"
+    compile: Literal["off", "default", "reduce-overhead"] = "off"
+    loss_chunk_size: int = 4096
+    # Pad every micro-batch to data.max_length and num_anchors blocks: static shapes, which
+    # CUDA graphs need, at the cost of computing padding.
+    static_shapes: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
+        _require(self.block_size >= 2, "drafter.block_size", self.block_size, ">= 2")
+        _require(self.num_taps >= 1, "drafter.num_taps", self.num_taps, ">= 1")
+        _require(self.num_anchors >= 1, "drafter.num_anchors", self.num_anchors, ">= 1")
+        _require(self.loss_chunk_size >= 1, "drafter.loss_chunk_size", self.loss_chunk_size, ">= 1")
+        _require(self.gamma is None or self.gamma > 0, "drafter.gamma", self.gamma, "> 0 or null")
+        _require(self.attention in ("sdpa", "flex"), "drafter.attention", self.attention,
+                 "one of ['sdpa', 'flex']")
+        _require(self.compile in ("off", "default", "reduce-overhead"), "drafter.compile",
+                 self.compile, "one of ['off', 'default', 'reduce-overhead']")
+        if self.target_layer_ids is not None:
+            _require(len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0,
+                     "drafter.target_layer_ids", self.target_layer_ids, "non-empty, ids >= 0")
+
+    def resolved_gamma(self) -> float:
+        return self.gamma if self.gamma is not None else default_gamma(self.block_size)
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}={value!r} is not allowed: expected {allowed}")
+
+
+def default_gamma(block_size: int) -> float:
+    table = {16: 7.0, 10: 5.0, 8: 4.0}
+    return table.get(block_size, round(block_size / 2.3, 2))
+
+
+def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """Taps spread evenly from layer 1 to layer T-3; a single tap sits in the middle."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_taps - 1)) for i in range(num_taps)]
+
+
+def resolve_tap_ids(cfg: DrafterConfig, num_target_layers: int) -> list[int]:
+    ids = cfg.target_layer_ids or default_tap_ids(num_target_layers, cfg.num_taps)
+    bad = [i for i in ids if not 0 <= i < num_target_layers]
+    if bad:
+        raise ValueError(
+            f"drafter.target_layer_ids={list(ids)} has ids {bad} outside the target's "
+            f"{num_target_layers} layers: allowed 0..{num_target_layers - 1}")
+    return list(ids)
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """The resolved drafter: HF config dict plus the fields the code reads often."""
+
+    hf_config: dict
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hf_config["hidden_size"])
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the concatenated tap features that the target hands over."""
+        return self.hidden_size * len(self.target_layer_ids)
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict) -> "DrafterSpec":
+        dflash = hf_config["dflash_config"]
+        return cls(hf_config=hf_config, block_size=int(hf_config["block_size"]),
+                   mask_token_id=int(dflash["mask_token_id"]),
+                   target_layer_ids=tuple(int(i) for i in dflash["target_layer_ids"]))
+
+
+def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
+                       tokenizer_mask_id: Optional[int] = None) -> DrafterSpec:
+    """A Qwen3-shaped drafter config derived from the target's config dict (``to_dict()``)."""
+    num_target_layers = int(target_config["num_hidden_layers"])
+    vocab = int(target_config["vocab_size"])
+    taps = resolve_tap_ids(cfg, num_target_layers)
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer_mask_id
+    if mask_id is None:
+        raise ValueError("drafter.mask_token_id=null and the tokenizer has no mask token: "
+                         f"set drafter.mask_token_id to a token id in 0..{vocab - 1}")
+    if not 0 <= mask_id < vocab:
+        raise ValueError(f"drafter.mask_token_id={mask_id} is outside the target vocabulary: "
+                         f"allowed 0..{vocab - 1}")
+    hf = {k: v for k, v in target_config.items() if k not in _DROP_FROM_TARGET}
+    hf.update(
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        num_hidden_layers=cfg.num_layers,
+        block_size=cfg.block_size,
+        num_target_layers=num_target_layers,
+        dflash_config={"mask_token_id": int(mask_id), "target_layer_ids": taps},
+        layer_types=["full_attention"] * cfg.num_layers,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+    hf.setdefault("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
+    if "rope_theta" not in hf:
+        # transformers 5 keeps rope_theta inside rope_parameters; older loaders read it flat.
+        rope = hf.get("rope_parameters") or {}
+        hf["rope_theta"] = rope.get("rope_theta", 10000.0)
+    return DrafterSpec(hf_config=hf, block_size=cfg.block_size, mask_token_id=int(mask_id),
+                       target_layer_ids=tuple(taps))
+
+
+def qwen3_8b_config() -> dict:
+    """Qwen3-8B's published config (the fields a drafter derives from); used by tests."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "attention_bias": False, "attention_dropout": 0.0,
+        "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645,
+    }
+
+
+def hf_qwen3_config(hf_config: dict) -> Any:
+    """A transformers Qwen3Config carrying the drafter dims (for HF's RoPE and MLP modules)."""
+    from transformers import Qwen3Config
+
+    known = {k: v for k, v in hf_config.items() if k not in ("architectures",)}
+    return Qwen3Config(**known)
+
+
+__all__ = ["DrafterConfig", "DrafterSpec", "build_drafter_spec", "default_tap_ids",
+           "default_gamma", "resolve_tap_ids", "qwen3_8b_config", "hf_qwen3_config"]

@@ -1,0 +1,137 @@
+"""The DFlash drafter: Qwen3 decoder layers whose attention also reads the target's features.
+
+Block tokens (an anchor token followed by mask tokens) are the queries. Keys and values are
+``concat(proj(context), proj(block))`` in every layer ("KV injection"), where ``context`` is
+``hidden_norm(fc(concatenated tap features))``. The drafter owns no embedding and no LM head:
+callers embed the block with the target's embedding and score its output with the target's head.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    rotate_half,
+)
+
+from pipeline.model.config import DrafterSpec, hf_qwen3_config
+
+# A dense boolean mask [N, 1, Q, K] (True = may attend) for SDPA, or a flex BlockMask.
+AttentionMask = Union[torch.Tensor, BlockMask, None]
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # cos/sin: [N, L, D] -> broadcast over heads of x: [N, heads, L, D]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+           scale: float) -> torch.Tensor:
+    """Attention over [N, heads, L, D] tensors with grouped KV heads, by mask type."""
+    if isinstance(mask, BlockMask):
+        return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, hf_config) -> None:
+        super().__init__()
+        c = hf_config
+        self.head_dim = c.head_dim
+        self.num_heads = c.num_attention_heads
+        self.num_kv_heads = c.num_key_value_heads
+        self.scale = self.head_dim ** -0.5
+        bias = c.attention_bias
+        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=c.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=c.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q, rope_k,
+                mask: AttentionMask) -> torch.Tensor:
+        n, q_len, _ = x.shape
+        kv_len = context.shape[1] + q_len
+        q = self.q_norm(self.q_proj(x).view(n, q_len, self.num_heads, self.head_dim))
+        # KV injection: the target's context and the block share one key/value sequence.
+        kv_in = torch.cat([context, x], dim=1)
+        k = self.k_norm(self.k_proj(kv_in).view(n, kv_len, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(kv_in).view(n, kv_len, self.num_kv_heads, self.head_dim)
+        q = _rope(q.transpose(1, 2), *rope_q)
+        k = _rope(k.transpose(1, 2), *rope_k)
+        out = attend(q, k, v.transpose(1, 2), mask, self.scale)
+        return self.o_proj(out.transpose(1, 2).reshape(n, q_len, -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, hf_config) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(hf_config)
+        self.mlp = Qwen3MLP(hf_config)
+        self.input_layernorm = Qwen3RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(hf_config.hidden_size,
+                                                     eps=hf_config.rms_norm_eps)
+
+    def forward(self, x, context, rope_q, rope_k, mask):
+        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_k, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """Parameter names match the DFlash checkpoint format (``layers.{i}.*``, ``fc``, ...)."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        hf = hf_qwen3_config(spec.hf_config)
+        self.layers = nn.ModuleList(DFlashLayer(hf) for _ in range(hf.num_hidden_layers))
+        self.fc = nn.Linear(spec.feature_size, hf.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(hf)
+        self.reset_parameters(hf.initializer_range)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.normal_(0.0, std)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, Qwen3RMSNorm):
+                module.weight.fill_(1.0)
+
+    def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
+                context_positions: torch.Tensor, block_positions: torch.Tensor,
+                mask: AttentionMask) -> torch.Tensor:
+        """Hidden states of the block tokens, before the target's LM head.
+
+        features: [N, S, n_taps*H] tap features of the context; block_embeds: [N, Q, H];
+        context_positions: [N, S]; block_positions: [N, Q]; mask over Q x (S + Q) keys.
+        """
+        context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        x = block_embeds.to(context.dtype)
+        rope_q = self.rotary_emb(x, block_positions)
+        rope_k = self.rotary_emb(x, torch.cat([context_positions, block_positions], dim=1))
+        for layer in self.layers:
+            x = layer(x, context, rope_q, rope_k, mask)
+        return self.norm(x)
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def embed_tokens(embed_weight: torch.Tensor, token_ids: torch.Tensor,
+                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    out = F.embedding(token_ids, embed_weight)
+    return out if dtype is None else out.to(dtype)

@@ -1,0 +1,1 @@
+"""The DFlash training objective: anchors, blocks, masks and the weighted loss."""

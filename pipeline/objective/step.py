@@ -1,0 +1,59 @@
+"""One micro-batch through the drafter: the training forward and its loss parts.
+
+Both the single-process trainer and the Ray drafter workers call :func:`drafter_loss`, so the
+two paths cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.drafter import embed_tokens
+from pipeline.model.target import TargetHead
+from pipeline.objective.anchors import Anchors, sample_anchors
+from pipeline.objective.blocks import build_blocks
+from pipeline.objective.loss import LossParts, chunked_loss
+from pipeline.objective.masks import build_mask
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Everything the loss needs to know, resolved from the drafter spec and options."""
+
+    block_size: int
+    mask_token_id: int
+    num_anchors: int
+    gamma: float
+    attention: str
+    loss_chunk_size: int
+    static_shapes: bool
+
+    @classmethod
+    def from_config(cls, spec: DrafterSpec, cfg: DrafterConfig) -> "Objective":
+        return cls(block_size=spec.block_size, mask_token_id=spec.mask_token_id,
+                   num_anchors=cfg.num_anchors, gamma=cfg.resolved_gamma(),
+                   attention=cfg.attention, loss_chunk_size=cfg.loss_chunk_size,
+                   static_shapes=cfg.static_shapes)
+
+    def anchors(self, loss_mask: torch.Tensor, sample_ids, seed: int, epoch: int) -> Anchors:
+        pad_to = self.num_anchors if self.static_shapes else None
+        return sample_anchors(loss_mask, sample_ids, self.num_anchors, seed, epoch, pad_to)
+
+
+def drafter_loss(drafter: Callable[..., torch.Tensor], head: TargetHead, objective: Objective,
+                 features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                 anchors: Anchors, compute_dtype: Optional[torch.dtype] = None) -> LossParts:
+    """Loss parts of one micro-batch; ``features`` are the target's taps [N, S, n_taps*H]."""
+    n, seq_len = input_ids.shape
+    blocks = build_blocks(input_ids, loss_mask, anchors, objective.block_size,
+                          objective.mask_token_id, objective.gamma)
+    mask = build_mask(anchors.positions, seq_len, objective.block_size, objective.attention)
+    context_positions = torch.arange(seq_len, device=input_ids.device).expand(n, seq_len)
+    hidden = drafter(features, embed_tokens(head.embed, blocks.token_ids, compute_dtype),
+                     context_positions, blocks.positions, mask)
+    return chunked_loss(hidden, head.lm_head, blocks.labels, blocks.weights, blocks.supervised,
+                        objective.block_size, objective.loss_chunk_size)

@@ -1,0 +1,42 @@
+"""Fixtures shared by the whole suite: a small random Qwen3 target and a drafter for it."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from pipeline.model.config import DrafterConfig, build_drafter_spec
+from pipeline.model.drafter import DFlashDrafter
+from pipeline.model.target import load_target, load_target_head
+
+VOCAB = 96
+MASK_ID = 95
+
+
+@pytest.fixture(scope="session")
+def random_target_dir(tmp_path_factory):
+    """A small random-weight Qwen3 saved with save_pretrained (the real loading path)."""
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("target")
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def target_config(random_target_dir):
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(random_target_dir).to_dict()
+
+
+@pytest.fixture()
+def drafter_setup(random_target_dir, target_config):
+    """(drafter, target features, head, spec, options) with block size 4 and 3 taps."""
+    torch.manual_seed(1)
+    options = DrafterConfig(num_layers=2, block_size=4, num_taps=3, mask_token_id=MASK_ID,
+                            num_anchors=6, loss_chunk_size=7)
+    spec = build_drafter_spec(target_config, options)
+    drafter = DFlashDrafter(spec)
+    target = load_target(random_target_dir, spec.target_layer_ids, "cpu", torch.float32)
+    return drafter, target, load_target_head(random_target_dir), spec, options
