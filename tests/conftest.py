@@ -40,3 +40,37 @@ def drafter_setup(random_target_dir, target_config):
     drafter = DFlashDrafter(spec)
     target = load_target(random_target_dir, spec.target_layer_ids, "cpu", torch.float32)
     return drafter, target, load_target_head(random_target_dir), spec, options
+
+
+@pytest.fixture(scope="session")
+def tiny_assets():
+    """The embedded demo assets, built once (cached under DFLASH_ASSETS_DIR or ~/.cache)."""
+    from pipeline.assets import ensure_tiny_assets
+    return ensure_tiny_assets()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance for the whole session (real actors, CPU)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_session(request, ray_cluster):
+    """Ray, with this test module's classes pickled by value.
+
+    Workers cannot import test modules by name: pytest put their folders on this process's
+    sys.path only. By value, the plain classes defined in a test travel whole.
+    """
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(request.module)

@@ -8,11 +8,17 @@ DFlash fields listed in dflash.md: ``architectures``, ``block_size``, ``num_targ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Optional
+
+from pipeline.validate import require, require_choice
 
 # Target config fields that describe the target's files, not the drafter; everything else
 # (vocabulary, special tokens, rope) is kept so loaders see the target's vocabulary.
 _DROP_FROM_TARGET = ("auto_map", "_name_or_path", "transformers_version", "dtype", "torch_dtype")
+
+
+ATTENTION = ("sdpa", "flex")
+COMPILE_MODES = ("off", "default", "reduce-overhead")
 
 
 @dataclass
@@ -29,35 +35,28 @@ class DrafterConfig:
     num_anchors: int = 512
     # None: 7 for B=16, 5 for B=10, 4 for B=8 (dflash.md), else B/2.3 rounded.
     gamma: Optional[float] = None
-    attention: Literal["sdpa", "flex"] = "sdpa"
-    compile: Literal["off", "default", "reduce-overhead"] = "off"
+    attention: str = "sdpa"  # one of ATTENTION
+    compile: str = "off"  # one of COMPILE_MODES
     loss_chunk_size: int = 4096
     # Pad every micro-batch to data.max_length and num_anchors blocks: static shapes, which
     # CUDA graphs need, at the cost of computing padding.
     static_shapes: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
-        _require(self.block_size >= 2, "drafter.block_size", self.block_size, ">= 2")
-        _require(self.num_taps >= 1, "drafter.num_taps", self.num_taps, ">= 1")
-        _require(self.num_anchors >= 1, "drafter.num_anchors", self.num_anchors, ">= 1")
-        _require(self.loss_chunk_size >= 1, "drafter.loss_chunk_size", self.loss_chunk_size, ">= 1")
-        _require(self.gamma is None or self.gamma > 0, "drafter.gamma", self.gamma, "> 0 or null")
-        _require(self.attention in ("sdpa", "flex"), "drafter.attention", self.attention,
-                 "one of ['sdpa', 'flex']")
-        _require(self.compile in ("off", "default", "reduce-overhead"), "drafter.compile",
-                 self.compile, "one of ['off', 'default', 'reduce-overhead']")
+        require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
+        require(self.block_size >= 2, "drafter.block_size", self.block_size, ">= 2")
+        require(self.num_taps >= 1, "drafter.num_taps", self.num_taps, ">= 1")
+        require(self.num_anchors >= 1, "drafter.num_anchors", self.num_anchors, ">= 1")
+        require(self.loss_chunk_size >= 1, "drafter.loss_chunk_size", self.loss_chunk_size, ">= 1")
+        require(self.gamma is None or self.gamma > 0, "drafter.gamma", self.gamma, "> 0 or null")
+        require_choice("drafter.attention", self.attention, ATTENTION)
+        require_choice("drafter.compile", self.compile, COMPILE_MODES)
         if self.target_layer_ids is not None:
-            _require(len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0,
+            require(len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0,
                      "drafter.target_layer_ids", self.target_layer_ids, "non-empty, ids >= 0")
 
     def resolved_gamma(self) -> float:
         return self.gamma if self.gamma is not None else default_gamma(self.block_size)
-
-
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{key}={value!r} is not allowed: expected {allowed}")
 
 
 def default_gamma(block_size: int) -> float:

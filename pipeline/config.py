@@ -1,0 +1,144 @@
+"""The job's typed configuration: one dataclass per config group, registered with Hydra.
+
+Defaults live here and only here; ``conf/*.yaml`` selects and overrides them. The entry points
+turn the composed DictConfig into a :class:`JobConfig` once (:func:`to_job_config`), and no
+DictConfig travels past them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from pipeline.data.config import DataConfig
+from pipeline.model.config import DrafterConfig
+from pipeline.validate import require, require_choice
+
+
+@dataclass
+class TargetConfig:
+    # A local HF folder, or "builtin:tiny" for the embedded demo target (built on first use).
+    path: str = "builtin:tiny"
+    # auto: bfloat16 on CUDA, float32 on CPU.
+    dtype: str = "auto"  # one of "auto", "bfloat16", "float16", "float32"
+
+    def __post_init__(self) -> None:
+        require(bool(self.path), "target.path", self.path, "a local model folder or builtin:tiny")
+        require_choice("target.dtype", self.dtype, ("auto", "bfloat16", "float16", "float32"))
+
+
+@dataclass
+class ClusterConfig:
+    # Ray address: null starts (or joins, via RAY_ADDRESS) a local cluster.
+    address: Optional[str] = None
+    device: str = "auto"  # one of "auto", "cpu", "cuda"
+    num_nodes: int = 1
+    targets_per_node: int = 1
+    drafters_per_node: int = 2
+    # Slots in each target's ring: bounds the micro-batches in flight per target.
+    num_slots: int = 4
+    # CPU cores Ray reserves per actor (a CPU run on a laptop wants fractions).
+    cpus_per_actor: float = 1.0
+    placement_strategy: str = "STRICT_PACK"  # one of "STRICT_PACK", "PACK"
+
+    def __post_init__(self) -> None:
+        for key in ("num_nodes", "targets_per_node", "drafters_per_node", "num_slots"):
+            require(getattr(self, key) >= 1, f"cluster.{key}", getattr(self, key), ">= 1")
+        require(self.cpus_per_actor > 0, "cluster.cpus_per_actor", self.cpus_per_actor, "> 0")
+        require_choice("cluster.device", self.device, ("auto", "cpu", "cuda"))
+        require_choice("cluster.placement_strategy", self.placement_strategy,
+                       ("STRICT_PACK", "PACK"))
+
+    @property
+    def num_drafters(self) -> int:
+        return self.num_nodes * self.drafters_per_node
+
+    @property
+    def num_targets(self) -> int:
+        return self.num_nodes * self.targets_per_node
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    # Stop after this many optimizer steps (null: run all epochs).
+    max_steps: Optional[int] = None
+    # Micro-batches each drafter backpropagates per optimizer step.
+    grad_accum: int = 1
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+    # auto: bf16 autocast on CUDA, fp32 on CPU. Master weights are always fp32.
+    precision: str = "auto"  # one of "auto", "fp32", "bf16"
+    out_dir: str = "runs/default"
+    log_every: int = 1
+    # Evaluate tau on held-out prompts every N steps (0: only at the end; -1: never).
+    eval_every: int = 0
+    eval_prompts: int = 16
+    eval_max_new_tokens: int = 64
+    save_every: int = 0
+    # null: start fresh; "auto": the latest checkpoint under out_dir; or a checkpoint path.
+    resume: Optional[str] = None
+    export_dtype: str = "bfloat16"  # one of "bfloat16", "float16", "float32"
+
+    def __post_init__(self) -> None:
+        require(self.epochs >= 1, "train.epochs", self.epochs, ">= 1")
+        require(self.max_steps is None or self.max_steps >= 1, "train.max_steps",
+                 self.max_steps, ">= 1 or null")
+        require(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, ">= 1")
+        require(self.lr > 0, "train.lr", self.lr, "> 0")
+        require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "in [0, 1)")
+        require(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        require(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, ">= 0 (0 disables)")
+        require(self.log_every >= 1, "train.log_every", self.log_every, ">= 1")
+        require(self.eval_every >= -1, "train.eval_every", self.eval_every, ">= -1")
+        require_choice("train.precision", self.precision, ("auto", "fp32", "bf16"))
+        require_choice("train.export_dtype", self.export_dtype, ("bfloat16", "float16", "float32"))
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = "none"  # one of "none", "wandb"
+    project: str = "dflash"
+    name: Optional[str] = None
+    mode: str = "online"  # one of "online", "offline", "disabled"
+    # Record a Chrome/Perfetto trace of per-actor spans for steps [trace_start, trace_start+n).
+    trace_start: int = 2
+    trace_steps: int = 0
+
+    def __post_init__(self) -> None:
+        require_choice("logger.kind", self.kind, ("none", "wandb"))
+        require_choice("logger.mode", self.mode, ("online", "offline", "disabled"))
+
+
+@dataclass
+class JobConfig:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def register_configs() -> None:
+    """Register the schema so conf/config.yaml can name it in its defaults list."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+
+
+def to_job_config(cfg: Any) -> JobConfig:
+    """DictConfig -> JobConfig; runs every section's __post_init__ validation."""
+    from omegaconf import OmegaConf
+
+    if isinstance(cfg, JobConfig):
+        return cfg
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, JobConfig):
+        raise TypeError(f"expected a config composed on job_schema, got {type(obj).__name__}")
+    return obj

@@ -1,0 +1,1 @@
+"""Process groups among actors: the one rendezvous helper."""

@@ -1,0 +1,56 @@
+"""tau on held-out prompts: the acceptance length the trained drafter reaches with its target."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from pipeline.eval.speculative import DrafterProposer, acceptance_length, speculative_generate
+from pipeline.model.drafter import DFlashDrafter
+from pipeline.model.target import TargetHead
+
+log = logging.getLogger(__name__)
+
+
+def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto") -> list[list[int]]:
+    """Each conversation up to (not including) its first assistant turn, as prompt token ids."""
+    from pipeline.data import read_conversations
+
+    prompts = []
+    for conv in read_conversations(path, fmt=fmt, on_bad_line="error"):
+        messages = conv.messages
+        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        ids = tokenizer.apply_chat_template(messages[:first], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        prompts.append(list(ids))
+        if len(prompts) >= limit:
+            break
+    return prompts
+
+
+def load_full_target(path: str, device: str, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def evaluate_tau(target: nn.Module, drafter: DFlashDrafter, head: TargetHead,
+                 prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 eos_token_id: Optional[int]) -> float:
+    was_training = drafter.training
+    drafter.eval()
+    dev = next(drafter.parameters()).device
+    proposer = DrafterProposer(drafter, head.to(dev, next(drafter.parameters()).dtype))
+    try:
+        results = [speculative_generate(target, proposer, p, drafter.spec.target_layer_ids,
+                                        max_new_tokens, eos_token_id) for p in prompts]
+    finally:
+        drafter.train(was_training)
+    return acceptance_length(results)

@@ -1,0 +1,67 @@
+"""Turn the job config into concrete things once: paths, the drafter spec, device and dtypes.
+
+This runs in the driver (or the single-process trainer) before any actor starts, so a bad
+path, tap id or mask token stops the job with a message naming the config key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pipeline.config import JobConfig
+from pipeline.model.config import DrafterSpec, build_drafter_spec
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    target_path: str
+    train_path: str
+    heldout_path: str
+    spec: DrafterSpec
+    device: str                  # "cuda" or "cpu"
+    target_dtype: torch.dtype    # the frozen target and the features it hands over
+    autocast_dtype: Optional[torch.dtype]  # drafter compute dtype under autocast; None = fp32
+    pad_token_id: int
+    eos_token_id: Optional[int]
+
+
+def resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pipeline.assets import resolve_data_path, resolve_target_path
+
+    target_path = resolve_target_path(job.target.path)
+    if not (Path(target_path) / "config.json").exists():
+        raise ValueError(f"target.path={job.target.path!r}: no config.json in {target_path}")
+    device = device or resolve_device(job.cluster.device)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    target_config = AutoConfig.from_pretrained(target_path).to_dict()
+    spec = build_drafter_spec(target_config, job.drafter, tokenizer.mask_token_id)
+    if job.target.dtype == "auto":
+        target_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    else:
+        target_dtype = _DTYPES[job.target.dtype]
+    precision = job.train.precision
+    if precision == "auto":
+        precision = "bf16" if device == "cuda" else "fp32"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return ResolvedJob(
+        target_path=target_path,
+        train_path=resolve_data_path(job.data.train_path, "train"),
+        heldout_path=resolve_data_path(job.data.heldout_path, "heldout"),
+        spec=spec, device=device, target_dtype=target_dtype,
+        autocast_dtype=torch.bfloat16 if precision == "bf16" else None,
+        pad_token_id=int(pad if pad is not None else 0),
+        eos_token_id=tokenizer.eos_token_id)

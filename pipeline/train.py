@@ -1,0 +1,32 @@
+"""Train a DFlash drafter on Ray: prefetcher, target and drafter actors, one process per GPU.
+
+    python -m pipeline.train                                  # embedded demo on CPU
+    python -m pipeline.train cluster.drafters_per_node=1 train.max_steps=50
+    python -m pipeline.train --config-name qwen3_8b target.path=/models/Qwen3-8B
+    python -m pipeline.train --cfg job                        # print the resolved config
+    ray job submit --address http://HEAD:8265 --working-dir . \\
+        --runtime-env launch/runtime_env.yaml -- python -m pipeline.train key=value ...
+"""
+
+import logging
+
+import hydra
+
+from pipeline.config import register_configs, to_job_config
+from pipeline.driver import Driver
+
+register_configs()
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg) -> None:
+    job = to_job_config(cfg)
+    summary = Driver(job).run()
+    logging.getLogger(__name__).info(
+        "done: %d steps in %.1fs, loss %.4f -> %.4f, tau %s -> %s, export %s", summary.steps,
+        summary.wall_s, summary.losses[0], summary.losses[-1], summary.tau_before,
+        summary.tau_after, summary.export_dir)
+
+
+if __name__ == "__main__":
+    main()

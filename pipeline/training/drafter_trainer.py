@@ -1,0 +1,105 @@
+"""The drafter's side of training: forward/backward of micro-batches and the optimizer step.
+
+One class serves the single-process reference trainer and the Ray drafter workers (which add
+only the transport and the gradient all-reduce), so both compute the same thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.drafter import DFlashDrafter
+from pipeline.model.target import TargetHead
+from pipeline.objective.loss import LossParts
+from pipeline.objective.step import Objective, drafter_loss
+from pipeline.training.metrics import StepTotals
+from pipeline.training.optim import apply_update, build_optimizer, build_scheduler
+
+
+# (gradients, local denominator) -> global denominator; sums the gradients in place.
+GradReducer = Callable[[list[torch.Tensor], float], float]
+
+
+def build_drafter(spec: DrafterSpec, seed: int, device: str) -> DFlashDrafter:
+    """Random init on CPU from ``seed``: every replica and the reference start identical."""
+    torch.manual_seed(seed)
+    return DFlashDrafter(spec).to(device)
+
+
+class DrafterTrainer:
+    def __init__(self, spec: DrafterSpec, options: DrafterConfig, train: TrainConfig,
+                 head: TargetHead, device: str, autocast_dtype: Optional[torch.dtype],
+                 total_steps: int) -> None:
+        self.spec = spec
+        self.options = options
+        self.train = train
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.head = head.to(device, autocast_dtype or torch.float32)
+        self.model = build_drafter(spec, train.seed, device)
+        self.objective = Objective.from_config(spec, options)
+        self.optimizer = build_optimizer(self.model, train)
+        self.scheduler = build_scheduler(self.optimizer, total_steps, train)
+        self.forward = self._compiled(options.compile)
+        self.totals = StepTotals()
+        self.local_denominator = 0.0  # this replica's share of the current step
+        self.steps_done = 0
+
+    def _compiled(self, mode: str) -> Callable[..., torch.Tensor]:
+        if mode == "off":
+            return self.model
+        return torch.compile(self.model, mode=None if mode == "default" else mode,
+                             dynamic=False if self.options.static_shapes else None)
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device, dtype=self.autocast_dtype)
+
+    def forward_backward(self, features: torch.Tensor, input_ids: torch.Tensor,
+                         loss_mask: torch.Tensor, sample_ids: list[int], epoch: int) -> LossParts:
+        """Backpropagate one micro-batch's loss numerator; gradients accumulate in .grad."""
+        anchors = self.objective.anchors(loss_mask.cpu(), sample_ids, self.train.seed, epoch)
+        if self.options.compile == "reduce-overhead":
+            # CUDA graphs reuse output buffers across replays: mark the new iteration.
+            torch.compiler.cudagraph_mark_step_begin()
+        dev = self.device
+        with self._autocast():
+            parts = drafter_loss(self.forward, self.head, self.objective, features.to(dev),
+                                 input_ids.to(dev), loss_mask.to(dev), anchors.to(dev),
+                                 self.autocast_dtype)
+        parts.numerator.backward()
+        self.local_denominator += float(parts.denominator)
+        self.totals.add_parts(parts, samples=len(sample_ids), tokens=int(loss_mask.sum()))
+        return parts
+
+    def step(self, reduce: Optional[GradReducer] = None) -> tuple[float, float]:
+        """Apply sum(grads) / sum(denominators) over the step; returns (denominator, norm).
+
+        ``reduce`` sums gradients and denominators over replicas in place (the Ray path); the
+        single-process trainer holds every micro-batch of the step itself and passes none.
+        """
+        denominator = self.local_denominator
+        if reduce is not None:
+            for p in self.model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)  # a replica without micro-batches adds zeros
+            denominator = reduce([p.grad for p in self.model.parameters()], denominator)
+        norm = apply_update(self.model, self.optimizer, self.scheduler, denominator,
+                            self.train.grad_clip)
+        self.local_denominator = 0.0
+        self.steps_done += 1
+        return denominator, norm
+
+    def take_totals(self) -> StepTotals:
+        totals, self.totals = self.totals, StepTotals()
+        return totals
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]

@@ -1,0 +1,50 @@
+"""AdamW with linear warmup and cosine decay, and the exact accumulated update."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pipeline.config import TrainConfig
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas),
+                             weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: float) -> float:
+    """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
+    warmup = max(1, round(total_steps * warmup_ratio)) if warmup_ratio > 0 else 0
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
+                    cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+
+
+def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, denominator: float,
+                 grad_clip: float) -> float:
+    """Gradients hold sum(numerator grads) of the whole step: divide, clip, step.
+
+    Returns the gradient norm before clipping.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    if denominator > 0:
+        for p in params:
+            p.grad.div_(denominator)
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)

@@ -1,0 +1,48 @@
+"""Which samples go into which micro-batch of which optimizer step.
+
+The plan depends only on (sample ids, seed, epoch, micro-batch size, micro-batches per step),
+so the single-process trainer and the Ray pipeline train the same samples in the same steps.
+The last step of an epoch may hold fewer micro-batches and the last micro-batch fewer samples:
+no sample is dropped, and exact normalisation makes uneven steps correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from pipeline.data import epoch_order, micro_batches
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    epoch: int
+    index: int  # step index within the epoch
+    micro_batches: tuple[tuple[int, ...], ...]
+
+    @property
+    def sample_ids(self) -> list[int]:
+        return [sid for mb in self.micro_batches for sid in mb]
+
+
+def epoch_plan(sample_ids: Sequence[int], seed: int, epoch: int, micro_batch_size: int,
+               micro_batches_per_step: int) -> list[StepPlan]:
+    order = epoch_order(list(sample_ids), seed, epoch)
+    mbs = [tuple(mb) for mb in micro_batches(order, micro_batch_size)]
+    return [StepPlan(epoch, i // micro_batches_per_step,
+                     tuple(mbs[i:i + micro_batches_per_step]))
+            for i in range(0, len(mbs), micro_batches_per_step)]
+
+
+def steps_per_epoch(num_samples: int, micro_batch_size: int, micro_batches_per_step: int) -> int:
+    num_mbs = -(-num_samples // micro_batch_size)
+    return -(-num_mbs // micro_batches_per_step)
+
+
+def job_plan(sample_ids: Sequence[int], seed: int, epochs: int, micro_batch_size: int,
+             micro_batches_per_step: int, max_steps: int | None = None) -> list[StepPlan]:
+    """Every optimizer step of a job, epochs concatenated, cut after ``max_steps``."""
+    plans = [p for epoch in range(epochs)
+             for p in epoch_plan(sample_ids, seed, epoch, micro_batch_size,
+                                 micro_batches_per_step)]
+    return plans[:max_steps] if max_steps else plans

@@ -1,0 +1,98 @@
+"""The single-process reference trainer: one process, one device, no Ray.
+
+It runs the target and the drafter in turn on each micro-batch of the same step plan that the
+Ray pipeline follows, so it is the reference the pipeline must match.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.config import JobConfig
+from pipeline.data import ChatDataset, collate
+from pipeline.model.checkpoint import save_drafter
+from pipeline.model.target import load_target, load_target_head
+from pipeline.resolve import ResolvedJob, resolve_job
+from pipeline.training.drafter_trainer import DrafterTrainer
+from pipeline.training.metrics import StepTotals, metrics_dict
+from pipeline.training.plan import StepPlan, job_plan
+
+log = logging.getLogger(__name__)
+
+
+def plan_for(job: JobConfig, sample_ids: list[int]) -> list[StepPlan]:
+    """The job's step plan: num_drafters * grad_accum micro-batches per step."""
+    return job_plan(sample_ids, job.data.seed, job.train.epochs, job.data.micro_batch_size,
+                    job.cluster.num_drafters * job.train.grad_accum, job.train.max_steps)
+
+
+class SingleProcessTrainer:
+    def __init__(self, job: JobConfig, resolved: ResolvedJob | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.job = job
+        self.r = r = resolved or resolve_job(job)
+        self.tokenizer = AutoTokenizer.from_pretrained(r.target_path)
+        self.dataset = ChatDataset(r.train_path, self.tokenizer, job.data, r.spec.block_size)
+        log.info("data: %s", self.dataset.stats.summary())
+        self.plans = plan_for(job, self.dataset.sample_ids)
+        self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
+                                  r.target_dtype)
+        self.drafter = DrafterTrainer(r.spec, job.drafter, job.train,
+                                      load_target_head(r.target_path), r.device,
+                                      r.autocast_dtype, total_steps=len(self.plans))
+        self.pad_to = job.data.max_length if job.drafter.static_shapes else None
+        self._full_target = None  # loaded on the first tau evaluation
+
+    def evaluate_tau(self) -> float:
+        from pipeline.eval.tau import evaluate_tau, heldout_prompts, load_full_target
+
+        train = self.job.train
+        if self._full_target is None:
+            self._full_target = load_full_target(self.r.target_path, self.r.device,
+                                                 self.r.target_dtype)
+        prompts = heldout_prompts(self.r.heldout_path, self.tokenizer, train.eval_prompts)
+        tau = evaluate_tau(self._full_target, self.drafter.model, self.drafter.head, prompts,
+                           train.eval_max_new_tokens, self.r.eos_token_id)
+        log.info("tau %.3f on %d held-out prompts", tau, len(prompts))
+        return tau
+
+    def features(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        dev = self.r.device
+        attn = (torch.arange(input_ids.shape[1])[None] < lengths[:, None]).long()
+        return self.target(input_ids.to(dev), attn.to(dev))
+
+    def run_step(self, plan: StepPlan) -> tuple[StepTotals, float]:
+        for mb in plan.micro_batches:
+            batch = collate([self.dataset[i] for i in mb], self.r.pad_token_id, self.pad_to)
+            feats = self.features(batch.input_ids, batch.lengths)
+            self.drafter.forward_backward(feats, batch.input_ids, batch.loss_mask,
+                                          list(batch.sample_ids), plan.epoch)
+        totals = self.drafter.take_totals()
+        _, norm = self.drafter.step()
+        return totals, norm
+
+    def train(self) -> list[dict]:
+        out = Path(self.job.train.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        history = []
+        with open(out / "metrics.jsonl", "w") as sink:
+            for step, plan in enumerate(self.plans):
+                t0 = time.perf_counter()
+                lr = self.drafter.lr
+                totals, norm = self.run_step(plan)
+                row = {"step": step + 1, "epoch": plan.epoch, "lr": lr, "grad_norm": norm,
+                       "samples": totals.samples, "step_time_s": time.perf_counter() - t0,
+                       **metrics_dict(totals)}
+                history.append(row)
+                sink.write(json.dumps(row) + "\n")
+                if (step + 1) % self.job.train.log_every == 0 or step + 1 == len(self.plans):
+                    log.info("step %d/%d loss %.4f acc %.3f lr %.2e", step + 1,
+                             len(self.plans), row["train/loss"], row["train/accuracy"], lr)
+        save_drafter(self.drafter.model, out / "export", self.job.train.export_dtype)
+        return history

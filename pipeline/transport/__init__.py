@@ -1,0 +1,1 @@
+"""Moving hidden states from target actors to drafter actors: slot rings over shared memory."""

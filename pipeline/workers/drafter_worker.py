@@ -1,0 +1,131 @@
+"""A drafter worker: one drafter replica that trains on slots taken from its node's targets.
+
+The driver calls, in this order per micro-batch, ``load`` (copy a ready slot into this
+worker's own buffer; the returned ack frees the slot) and ``forward_backward``; and once per
+optimizer step ``step``, which sums gradients and denominators over all replicas.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.dist.reduce import FlatReducer
+from pipeline.dist.rendezvous import MasterAddress, backend_for, init_group, pick_master
+from pipeline.messages import MicroBatch, MicroResult, StepResult
+from pipeline.model.checkpoint import save_drafter
+from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.target import load_target_head
+from pipeline.training.drafter_trainer import DrafterTrainer
+from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
+from pipeline.transport.ring import RingReader
+from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
+
+
+class DrafterWorker:
+    def __init__(self, rank: int, world_size: int, spec: DrafterSpec, options: DrafterConfig,
+                 train: TrainConfig, target_path: str, device: str,
+                 autocast_dtype: Optional[torch.dtype], feature_dtype: torch.dtype,
+                 feature_numel: int, total_steps: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = actor_device(device)
+        self.target_path = target_path
+        self.trainer = DrafterTrainer(spec, options, train, load_target_head(target_path),
+                                      self.device.type, autocast_dtype, total_steps)
+        self.reader = RingReader(self.device)
+        self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)
+        self.loaded: Optional[SlotReady] = None
+        self.reducer: Optional[FlatReducer] = None
+        self._full_target = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def master_address(self) -> MasterAddress:
+        return pick_master()
+
+    def init_group(self, addr: str, port: int) -> None:
+        init_group(self.rank, self.world_size, addr, port, backend_for(self.device))
+        numel = sum(p.numel() for p in self.trainer.model.parameters())
+        self.reducer = FlatReducer(numel, self.device)
+
+    def attach(self, handles: Sequence[RingHandle]) -> None:
+        for handle in handles:
+            self.reader.attach(handle)
+
+    # -- per micro-batch ------------------------------------------------------------------
+    def load(self, ready: SlotReady) -> SlotAck:
+        """Copy a ready slot into this worker's buffer; the ack means the copy completed."""
+        assert self.loaded is None, "load called twice without forward_backward"
+        ack = self.reader.copy_out(ready, self.features)
+        self.loaded = ready
+        return ack
+
+    def forward_backward(self, batch: MicroBatch) -> MicroResult:
+        ready, self.loaded = self.loaded, None
+        assert ready is not None and ready.sample_ids == batch.meta.sample_ids, (
+            f"drafter {self.rank}: batch {batch.meta.sample_ids} does not match the loaded slot")
+        t0 = time.perf_counter()
+        numel = 1
+        for s in ready.shape:
+            numel *= s
+        feats = self.features[:numel].view(ready.shape)
+        parts = self.trainer.forward_backward(feats, batch.input_ids, batch.loss_mask,
+                                              list(batch.meta.sample_ids), batch.meta.epoch)
+        self._sync()
+        return MicroResult(
+            drafter=self.rank, step=batch.meta.step, epoch=batch.meta.epoch,
+            sample_ids=batch.meta.sample_ids, numerator=float(parts.numerator.detach()),
+            denominator=float(parts.denominator), correct=tuple(parts.correct.tolist()),
+            total=tuple(parts.total.tolist()), tokens=int(batch.loss_mask.sum()),
+            busy_s=time.perf_counter() - t0, on_main_thread=on_main_thread())
+
+    # -- per optimizer step ---------------------------------------------------------------
+    def step(self, step: int) -> StepResult:
+        """The step boundary: all-reduce gradients and denominators, clip, update."""
+        assert self.reducer is not None, "init_group must run before step"
+        t0 = time.perf_counter()
+        timed = _TimedReducer(self.reducer, self._sync)
+        lr = self.trainer.lr
+        denominator, norm = self.trainer.step(timed)
+        self.trainer.take_totals()
+        with torch.no_grad():
+            checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
+        return StepResult(drafter=self.rank, step=step, denominator=denominator,
+                          grad_norm=norm, lr=lr, busy_s=time.perf_counter() - t0,
+                          reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
+                          param_checksum=checksum, on_main_thread=on_main_thread())
+
+    # -- outputs --------------------------------------------------------------------------
+    def export(self, out_dir: str, dtype: str) -> str:
+        return str(save_drafter(self.trainer.model, Path(out_dir), dtype))
+
+    def evaluate_tau(self, prompts: list[list[int]], max_new_tokens: int,
+                     eos_token_id: Optional[int]) -> float:
+        """tau of this replica on ``prompts``; loads the full target here on first use."""
+        from pipeline.eval.tau import evaluate_tau, load_full_target
+
+        if self._full_target is None:
+            dtype = self.trainer.autocast_dtype or torch.float32
+            self._full_target = load_full_target(self.target_path, self.device.type, dtype)
+        return evaluate_tau(self._full_target, self.trainer.model, self.trainer.head, prompts,
+                            max_new_tokens, eos_token_id)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class _TimedReducer:
+    def __init__(self, reducer: FlatReducer, sync) -> None:
+        self.reducer, self.sync, self.seconds = reducer, sync, 0.0
+
+    def __call__(self, grads, denominator):
+        self.sync()
+        t0 = time.perf_counter()
+        out = self.reducer(grads, denominator)
+        self.seconds = time.perf_counter() - t0
+        return out

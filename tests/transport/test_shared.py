@@ -1,0 +1,96 @@
+"""export_buffer/open_buffer: one buffer, mapped by an unrelated process, no data in the payload."""
+
+import os
+import pickle
+
+import pytest
+import ray
+import torch
+
+from pipeline.transport.shared import BufferPayload, export_buffer, open_buffer
+
+NUMEL = 1 << 20  # 4 MiB of float32: far larger than any payload may be
+
+
+class BufferOwner:
+    """Allocates and exports a buffer, then writes into it and reads it back."""
+
+    def __init__(self, device: str) -> None:
+        self.buffer = torch.zeros(NUMEL, device=device)
+
+    def export(self) -> BufferPayload:
+        return export_buffer(self.buffer)
+
+    def fill(self, value: float) -> None:
+        self.buffer.fill_(value)
+        if self.buffer.is_cuda:
+            torch.cuda.synchronize()
+
+    def values(self) -> tuple[float, float]:
+        return self.buffer.min().item(), self.buffer.max().item()
+
+    def close(self) -> None:
+        del self.buffer
+
+
+class BufferUser(BufferOwner):
+    """Maps another actor's buffer instead of allocating one."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def open(self, payload: BufferPayload) -> str:
+        self.buffer = open_buffer(payload, self.device)
+        return str(self.buffer.device)
+
+
+def _check_shared_between_actors(device: str, options: dict) -> None:
+    owner = ray.remote(BufferOwner).options(**options).remote(device)
+    user = ray.remote(BufferUser).options(**options).remote(device)
+    try:
+        payload = ray.get(owner.export.remote())
+        assert len(pickle.dumps(payload)) < 4096  # handles only: the 4 MiB stayed behind
+        assert ray.get(user.open.remote(payload)).startswith(device)
+        ray.get(owner.fill.remote(3.0))
+        assert ray.get(user.values.remote()) == (3.0, 3.0)  # the owner's write is seen...
+        ray.get(user.fill.remote(-1.5))
+        assert ray.get(owner.values.remote()) == (-1.5, -1.5)  # ...and so is the user's
+        ray.get([owner.close.remote(), user.close.remote()])
+        if device == "cpu":  # the segment is unlinked once both have closed it
+            assert not os.path.exists("/dev/shm" + payload.args[1].decode())
+    finally:
+        ray.kill(owner)
+        ray.kill(user)
+
+
+def test_cpu_buffer_is_shared_between_ray_actors(ray_session):
+    _check_shared_between_actors("cpu", {})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_cuda_buffer_is_shared_between_actors_on_two_gpus(ray_session):
+    _check_shared_between_actors("cuda", {"num_gpus": 1})
+
+
+def test_open_in_the_same_process_maps_the_same_memory():
+    t = torch.zeros(8)
+    view = open_buffer(export_buffer(t), "cpu")
+    t[3] = 5.0
+    assert view[3].item() == 5.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(4, 6).t(),  # not contiguous
+    lambda: torch.zeros(0),
+    lambda: torch.zeros(4, requires_grad=True),
+    lambda: torch.zeros(4, device="meta"),
+], ids=["strided", "empty", "requires-grad", "meta"])
+def test_export_refuses_what_it_cannot_share(make):
+    with pytest.raises(ValueError, match="export_buffer"):
+        export_buffer(make())
+
+
+def test_open_on_another_device_kind_is_refused():
+    with pytest.raises(ValueError, match="lives on 'cpu'"):
+        open_buffer(export_buffer(torch.zeros(4)), "cuda")
