@@ -10,18 +10,20 @@ from typing import Sequence
 @dataclass(frozen=True)
 class EpochAccount:
     epoch: int
-    expected: int
+    expected: int   # samples planned for this epoch (all of them unless max_steps cut it)
     trained: int
-    missing: tuple[int, ...]
+    missing: tuple[int, ...]  # only known for a complete epoch
     repeated: tuple[int, ...]
+    complete: bool
 
     @property
     def exact(self) -> bool:
         return not self.missing and not self.repeated and self.trained == self.expected
 
     def summary(self) -> str:
-        return (f"epoch {self.epoch}: {self.trained}/{self.expected} samples trained, "
-                f"{len(self.missing)} missing, {len(self.repeated)} repeated")
+        cut = "" if self.complete else " (epoch cut by train.max_steps)"
+        return (f"epoch {self.epoch}: {self.trained}/{self.expected} planned samples trained, "
+                f"{len(self.missing)} missing, {len(self.repeated)} repeated{cut}")
 
 
 class SampleAccounting:
@@ -34,9 +36,11 @@ class SampleAccounting:
         assert not unknown, f"trained sample ids {sorted(unknown)[:5]} that the data never had"
         self.seen[epoch].update(sample_ids)
 
-    def account(self, epoch: int) -> EpochAccount:
+    def account(self, epoch: int, planned: int) -> EpochAccount:
         counts = self.seen[epoch]
+        complete = planned == len(self.expected)
+        missing = self.expected - counts.keys() if complete else set()
         return EpochAccount(
-            epoch=epoch, expected=len(self.expected), trained=sum(counts.values()),
-            missing=tuple(sorted(self.expected - counts.keys())),
-            repeated=tuple(sorted(i for i, c in counts.items() if c > 1)))
+            epoch=epoch, expected=planned, trained=sum(counts.values()),
+            missing=tuple(sorted(missing)),
+            repeated=tuple(sorted(i for i, c in counts.items() if c > 1)), complete=complete)

@@ -62,11 +62,13 @@ class Actors:
     groups: list[NodeGroup]
 
 
-def start_actors(job: JobConfig, r: ResolvedJob, plan: PlanSummary) -> tuple[Actors, Any]:
+def start_actors(job: JobConfig, r: ResolvedJob, plan: PlanSummary, actors: Actors) -> None:
+    """Targets and drafters in their nodes' placement groups, recorded into ``actors``."""
     c, d = job.cluster, job.data
     slot_numel = d.micro_batch_size * d.max_length * r.spec.feature_size
-    groups = node_groups(c, r.device)
-    targets, drafters, target_node, drafter_node = [], [], [], []
+    actors.groups = groups = node_groups(c, r.device)
+    targets, drafters = actors.targets, actors.drafters
+    target_node, drafter_node = actors.target_node, actors.drafter_node
     world = c.num_drafters
     for n, group in enumerate(groups):
         for i in range(c.targets_per_node):
@@ -81,13 +83,20 @@ def start_actors(job: JobConfig, r: ResolvedJob, plan: PlanSummary) -> tuple[Act
                 len(drafters), world, r.spec, job.drafter, job.train, r.target_path, r.device,
                 r.autocast_dtype, r.target_dtype, slot_numel, plan.num_steps))
             drafter_node.append(n)
-    return Actors(None, targets, drafters, target_node, drafter_node, groups), slot_numel
 
 
 def shutdown(actors: Actors) -> None:
-    """Kill this job's actors and free its placement groups (the Ray cluster stays up)."""
+    """Close rings (readers first), kill this job's actors, free its placement groups.
+
+    Closing before killing matters on CPU: a killed owner leaves its /dev/shm segment behind.
+    """
     from ray.util.placement_group import remove_placement_group
 
+    for group in (actors.drafters, actors.targets):
+        try:
+            ray.get([h.close.remote() for h in group], timeout=60)
+        except Exception as exc:  # a crashed actor must not hide the original error
+            log.warning("closing actors failed: %s", exc)
     for handle in [actors.prefetcher, *actors.targets, *actors.drafters]:
         if handle is not None:
             ray.kill(handle)
@@ -150,34 +159,41 @@ class Driver:
         t_start = time.perf_counter()
         init_ray(job)
         check_cluster(job.cluster, r.device)
-        c = job.cluster
-        prefetcher = start_actor(
+        actors = Actors(None, [], [], [], [], [])
+        try:
+            plan = self._start(actors)
+            summary = RunSummary(steps=plan.num_steps, samples=plan.num_samples, wall_s=0.0)
+            metrics = MetricsLogger(job, self.out_dir)
+            try:
+                summary.tau_before = self._evaluate(actors, metrics, 0, "before")
+                self._train(actors, plan, metrics, summary)
+                summary.export_dir = ray.get(actors.drafters[0].export.remote(
+                    str(self.out_dir / "export"), job.train.export_dtype))
+                summary.tau_after = self._evaluate(actors, metrics, plan.num_steps, "after")
+                summary.wall_s = time.perf_counter() - t_start
+                metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
+                                 "tau_after": summary.tau_after,
+                                 "accounts": [a.summary() for a in summary.accounts]})
+            finally:
+                metrics.close()
+        finally:
+            shutdown(actors)
+        return summary
+
+    def _start(self, actors: Actors) -> PlanSummary:
+        """Prefetcher first (its plan sizes the schedulers), then targets and drafters."""
+        job, r, c = self.job, self.r, self.job.cluster
+        actors.prefetcher = start_actor(
             Prefetcher, None, 0, r.device, c.cpus_per_actor, r.train_path, r.target_path,
             job.data, r.spec.block_size, job.train.epochs, c.num_drafters * job.train.grad_accum,
             job.train.max_steps, r.pad_token_id,
             job.data.max_length if job.drafter.static_shapes else None)
-        plan = ray.get(prefetcher.summary.remote())
+        plan = ray.get(actors.prefetcher.summary.remote())
         log.info("data: %s; %d steps of %d micro-batches", plan.data_summary, plan.num_steps,
                  c.num_drafters * job.train.grad_accum)
-        actors, _ = start_actors(job, r, plan)
-        actors.prefetcher = prefetcher
+        start_actors(job, r, plan, actors)
         connect(actors)
-        summary = RunSummary(steps=plan.num_steps, samples=plan.num_samples, wall_s=0.0)
-        metrics = MetricsLogger(job, self.out_dir)
-        try:
-            summary.tau_before = self._evaluate(actors, metrics, 0, "before")
-            self._train(actors, plan, metrics, summary)
-            summary.export_dir = ray.get(actors.drafters[0].export.remote(
-                str(self.out_dir / "export"), job.train.export_dtype))
-            summary.tau_after = self._evaluate(actors, metrics, plan.num_steps, "after")
-            summary.wall_s = time.perf_counter() - t_start
-            metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
-                             "tau_after": summary.tau_after,
-                             "accounts": [a.summary() for a in summary.accounts]})
-        finally:
-            metrics.close()
-            shutdown(actors)
-        return summary
+        return plan
 
     def _train(self, actors: Actors, plan: PlanSummary, metrics: MetricsLogger,
                summary: RunSummary) -> None:
@@ -204,7 +220,8 @@ class Driver:
                          plan.num_steps, row["train/loss"], row["train/accuracy"],
                          row["perf/samples_per_s"])
             if report.step in last_step_of_epoch:
-                account = accounting.account(last_step_of_epoch[report.step])
+                epoch = last_step_of_epoch[report.step]
+                account = accounting.account(epoch, plan.samples_per_epoch[epoch])
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
 

@@ -15,7 +15,8 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.dist.reduce import FlatReducer
-from pipeline.dist.rendezvous import MasterAddress, backend_for, init_group, pick_master
+from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
+                                      pick_master)
 from pipeline.messages import MicroBatch, MicroResult, StepResult
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterConfig, DrafterSpec
@@ -113,6 +114,11 @@ class DrafterWorker:
             self._full_target = load_full_target(self.target_path, self.device.type, dtype)
         return evaluate_tau(self._full_target, self.trainer.model, self.trainer.head, prompts,
                             max_new_tokens, eos_token_id)
+
+    def close(self) -> None:
+        """Close the opened rings and leave the process group (before the targets close)."""
+        self.reader.close()
+        destroy_group()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -24,6 +24,7 @@ class PlanSummary:
     num_steps: int
     num_micro_batches: int
     steps_per_epoch: tuple[int, ...]
+    samples_per_epoch: tuple[int, ...]  # planned; below num_samples where max_steps cuts
     data_summary: str
 
 
@@ -48,12 +49,15 @@ class Prefetcher:
 
     def summary(self) -> PlanSummary:
         per_epoch: dict[int, int] = {}
+        samples: dict[int, int] = {}
         for plan in self.plans:
             per_epoch[plan.epoch] = per_epoch.get(plan.epoch, 0) + 1
+            samples[plan.epoch] = samples.get(plan.epoch, 0) + len(plan.sample_ids)
         return PlanSummary(num_samples=len(self.dataset.sample_ids),
                            sample_ids=tuple(self.dataset.sample_ids), num_steps=len(self.plans),
                            num_micro_batches=len(self.order),
                            steps_per_epoch=tuple(per_epoch[e] for e in sorted(per_epoch)),
+                           samples_per_epoch=tuple(samples[e] for e in sorted(samples)),
                            data_summary=self.dataset.stats.summary())
 
     def next_micro_batch(self) -> tuple[Optional[MicroBatchMeta], Optional[MicroBatch]]:

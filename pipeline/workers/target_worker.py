@@ -39,3 +39,7 @@ class TargetWorker:
         meta = ProduceMeta(step=batch.meta.step, index=batch.meta.index,
                            busy_s=time.perf_counter() - t0, on_main_thread=on_main_thread())
         return dataclasses.replace(ready, meta=meta)
+
+    def close(self) -> None:
+        """Free the ring's shared memory; call after every drafter closed its reader."""
+        self.ring.close()

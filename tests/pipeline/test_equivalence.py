@@ -35,11 +35,16 @@ def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, tiny
     ray_w, ref_w = _weights(tmp_path / "ray" / "export"), _weights(tmp_path / "ref" / "export")
     assert ray_w.keys() == ref_w.keys()
     initial = build_drafter(resolve_job(ref_job).spec, ref_job.train.seed, "cpu").state_dict()
-    moved = 0.0
+    # The update (weights minus their common init) over all parameters at once. Per element
+    # the fp32 weights themselves limit the comparison (a norm weight near 1.0 is stored to
+    # ~6e-8, a sizeable share of a 1e-3 step), so the whole update is compared by norm.
+    ref_update = torch.cat([(ref_w[n] - initial[n]).flatten() for n in sorted(ref_w)])
+    ray_update = torch.cat([(ray_w[n] - initial[n]).flatten() for n in sorted(ref_w)])
+    assert ref_update.norm() > 1e-2, "the steps did not change the weights: vacuous comparison"
+    rel = float((ray_update - ref_update).norm() / ref_update.norm())
+    assert rel < 1e-5, f"updates differ by {rel:.2e} relative"
     for name in ref_w:
-        torch.testing.assert_close(ray_w[name], ref_w[name], rtol=1e-5, atol=1e-7)
-        moved = max(moved, float((ref_w[name] - initial[name]).abs().max()))
-    assert moved > 1e-4, "the two steps did not change the weights: the comparison is vacuous"
+        torch.testing.assert_close(ray_w[name], ref_w[name], rtol=1e-5, atol=1e-6)
     rows = [json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
 
