@@ -37,6 +37,7 @@ class RunSummary:
     export_dir: Optional[str] = None
     on_main_thread: bool = True
     checksums_agree: bool = True
+    graph_warned: bool = False
 
 
 def init_ray(job: JobConfig) -> None:
@@ -209,6 +210,11 @@ class Driver:
                 accounting.add(m.epoch, m.sample_ids)
                 summary.on_main_thread &= m.on_main_thread
             summary.on_main_thread &= all(res.on_main_thread for res in report.results)
+            skips = max(res.cudagraph_skips for res in report.results)
+            if skips and self.job.drafter.compile == "reduce-overhead" and not summary.graph_warned:
+                summary.graph_warned = True
+                log.warning("drafter.compile=reduce-overhead, but inductor skipped %d CUDA "
+                            "graph(s): see TORCH_LOGS=perf_hints for why", skips)
             sums = {round(res.param_checksum, 6) for res in report.results}
             summary.checksums_agree &= len(sums) == 1
             row = step_metrics(report, len(actors.targets))

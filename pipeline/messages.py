@@ -66,6 +66,7 @@ class StepResult:
     max_memory_bytes: int
     param_checksum: float  # sum of parameters: replicas must agree
     on_main_thread: bool
+    cudagraph_skips: int  # graphs inductor declined to capture (reduce-overhead only)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,8 @@ class DrafterWorker:
         return StepResult(drafter=self.rank, step=step, denominator=denominator,
                           grad_norm=norm, lr=lr, busy_s=time.perf_counter() - t0,
                           reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
-                          param_checksum=checksum, on_main_thread=on_main_thread())
+                          param_checksum=checksum, on_main_thread=on_main_thread(),
+                          cudagraph_skips=cudagraph_skips())
 
     # -- outputs --------------------------------------------------------------------------
     def export(self, out_dir: str, dtype: str) -> str:
@@ -123,6 +124,12 @@ class DrafterWorker:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 class _TimedReducer:
