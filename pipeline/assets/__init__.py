@@ -1,0 +1,11 @@
+"""The embedded demo: a tiny Qwen3 target, its tokenizer and chat data, built locally.
+
+Nothing is downloaded and nothing is built at import; :func:`ensure_tiny_assets` builds once
+(about a minute on two cores) and caches the result.
+"""
+
+from pipeline.assets.cache import TinyAssets, default_assets_dir, ensure_tiny_assets
+from pipeline.assets.resolve import resolve_data_path, resolve_target_path
+
+__all__ = ["TinyAssets", "default_assets_dir", "ensure_tiny_assets", "resolve_data_path",
+           "resolve_target_path"]

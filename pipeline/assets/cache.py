@@ -1,0 +1,101 @@
+"""Build the tiny assets once per machine and hand out their paths.
+
+The directory is ``$DFLASH_ASSETS_DIR`` if set, else ``~/.cache/dflash-pipeline/tiny-v1``.
+Concurrent callers are safe: a file lock lets one process build while the others wait, and the
+build happens in a temporary sibling directory that is renamed into place only when complete,
+so a half-built directory is never visible under the final name.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from pipeline.assets.build import MANIFEST, TARGET_DIR, build_tiny_assets
+from pipeline.assets.chat_data import DATA_FILES
+from pipeline.assets.recipe import ASSETS_VERSION
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "DFLASH_ASSETS_DIR"
+
+
+@dataclass(frozen=True)
+class TinyAssets:
+    root: str
+    target_dir: str  # HF model + tokenizer folder
+    train_path: str  # JSONL, OpenAI messages form
+    heldout_path: str
+
+    @classmethod
+    def at(cls, root: str) -> "TinyAssets":
+        return cls(root, os.path.join(root, TARGET_DIR),
+                   os.path.join(root, DATA_FILES["train"]),
+                   os.path.join(root, DATA_FILES["heldout"]))
+
+    def manifest(self) -> dict:
+        with open(os.path.join(self.root, MANIFEST)) as f:
+            return json.load(f)
+
+
+def default_assets_dir() -> str:
+    default = os.path.join("~", ".cache", "dflash-pipeline", ASSETS_VERSION)
+    return os.path.abspath(os.path.expanduser(os.environ.get(ENV_VAR) or default))
+
+
+def ensure_tiny_assets(root: Optional[str] = None) -> TinyAssets:
+    """The tiny assets under ``root`` (default: :func:`default_assets_dir`), built if missing."""
+    root = os.path.abspath(os.path.expanduser(root)) if root else default_assets_dir()
+    if not _is_built(root):
+        parent = os.path.dirname(root)
+        os.makedirs(parent, exist_ok=True)
+        with _file_lock(root + ".lock"):
+            if not _is_built(root):  # another process may have built it while we waited
+                _build_atomically(root)
+    _check_version(root)
+    return TinyAssets.at(root)
+
+
+def _is_built(root: str) -> bool:
+    return os.path.isfile(os.path.join(root, MANIFEST))
+
+
+@contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_atomically(root: str) -> None:
+    if os.path.exists(root) and os.listdir(root):
+        raise ValueError(f"{root} exists but holds no finished asset build ({MANIFEST} is "
+                         f"missing); delete it or set {ENV_VAR} to another directory")
+    log.info("building the tiny DFlash demo assets in %s (once; about a minute)", root)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.building-",
+                           dir=os.path.dirname(root))
+    try:
+        manifest = build_tiny_assets(tmp)
+        os.rename(tmp, root)  # atomic; replaces an empty directory left by a caller
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("built the tiny assets in %.1f s: %s", manifest["build_time_s"], root)
+
+
+def _check_version(root: str) -> None:
+    with open(os.path.join(root, MANIFEST)) as f:
+        version = json.load(f).get("version")
+    if version != ASSETS_VERSION:
+        raise ValueError(f"{root} holds tiny assets version {version!r}, this code needs "
+                         f"{ASSETS_VERSION!r}; delete the directory to rebuild it")

@@ -1,0 +1,43 @@
+"""Map config strings to paths: ``builtin:tiny`` means the embedded demo assets.
+
+Anything else is taken as a real path and returned unchanged (``~`` expanded), so configs can
+name either the demo or a user's own model and data.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from pipeline.assets.cache import ensure_tiny_assets
+
+BUILTIN_PREFIX = "builtin:"
+BUILTINS = ("tiny",)
+SPLITS = ("train", "heldout")
+
+
+def _builtin_name(value: str) -> Optional[str]:
+    if not value.startswith(BUILTIN_PREFIX):
+        return None
+    name = value[len(BUILTIN_PREFIX):]
+    if name not in BUILTINS:
+        raise ValueError(f"{value!r} names no built-in assets; allowed: "
+                         f"{[BUILTIN_PREFIX + b for b in BUILTINS]}")
+    return name
+
+
+def resolve_target_path(value: str) -> str:
+    """``builtin:tiny`` -> the tiny target's folder (built on first use); else ``value``."""
+    if _builtin_name(value) is None:
+        return os.path.expanduser(value)
+    return ensure_tiny_assets().target_dir
+
+
+def resolve_data_path(value: str, split: str) -> str:
+    """``builtin:tiny`` -> the tiny ``split`` ("train" or "heldout") JSONL; else ``value``."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not allowed: expected one of {list(SPLITS)}")
+    if _builtin_name(value) is None:
+        return os.path.expanduser(value)
+    assets = ensure_tiny_assets()
+    return assets.train_path if split == "train" else assets.heldout_path

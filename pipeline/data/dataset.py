@@ -1,0 +1,107 @@
+"""A chat JSONL file as encoded training samples, addressed by stable sample ids."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import torch
+
+from pipeline.data.config import DataConfig
+from pipeline.data.encode import end_of_turn_text, render_conversation, tokenize_rendered
+from pipeline.data.reader import Conversation, DataError, read_conversations
+from pipeline.data.stats import DataStats
+
+log = logging.getLogger(__name__)
+
+# Conversations tokenized per call: the fast tokenizer batches in Rust, memory stays bounded.
+_ENCODE_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Sample:
+    sample_id: int  # 0-based line index in the data file
+    input_ids: torch.Tensor  # int64 [S]
+    loss_mask: torch.Tensor  # int64 [S], 1 where the token is supervised
+
+    @property
+    def num_supervised(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+class ChatDataset:
+    """Reads and encodes a whole JSONL file up front; ``dataset[sample_id]`` is a Sample.
+
+    A sample needs at least ``2 * block_size`` supervised tokens (a drafter block needs an
+    anchor and the tokens after it); shorter ones are dropped and counted in ``stats``. A
+    sample's id is its line index, so dropping or skipping lines never renumbers the others.
+    """
+
+    def __init__(self, path: str, tokenizer, config: DataConfig, block_size: int) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size={block_size!r} is not allowed: expected an int >= 1")
+        self.path = path
+        self.min_supervised = 2 * block_size
+        self.stats = DataStats()
+        self._samples: dict[int, Sample] = {}
+        conversations = list(read_conversations(path, config.format, config.on_bad_line,
+                                                self.stats))
+        end_of_turn = end_of_turn_text(tokenizer)
+        for i in range(0, len(conversations), _ENCODE_CHUNK):
+            self._encode(conversations[i:i + _ENCODE_CHUNK], tokenizer, end_of_turn, config)
+        # Skipped lines are worth a warning: the user asked to skip them, not to hide them.
+        level = logging.WARNING if self.stats.skipped_bad else logging.INFO
+        log.log(level, "%s: %s%s", path, self.stats.summary(),
+                f"; first skipped: {self.stats.bad_examples[0]}" if self.stats.bad_examples
+                else "")
+        if not self._samples:
+            log.warning("%s has no usable sample (need >= %d supervised tokens each): %s",
+                        path, self.min_supervised, self.stats.summary())
+
+    def _encode(self, conversations: list[Conversation], tokenizer, end_of_turn: str,
+                config: DataConfig) -> None:
+        rendered = []
+        for conv in conversations:
+            try:
+                rendered.append((conv, *render_conversation(tokenizer, conv.messages,
+                                                             end_of_turn)))
+            except ValueError as e:  # the template hides an assistant turn: a bad line
+                bad = DataError(self.path, conv.line_index + 1, str(e))
+                if config.on_bad_line == "error":
+                    raise bad from None
+                self.stats.record_bad(str(bad))
+        encoded = tokenize_rendered(tokenizer, [text for _, text, _ in rendered],
+                                    [spans for _, _, spans in rendered])
+        for (conv, _, _), (ids, mask) in zip(rendered, encoded):
+            if len(ids) > config.max_length:
+                self.stats.truncated += 1
+                ids, mask = ids[:config.max_length], mask[:config.max_length]
+            if sum(mask) < self.min_supervised:
+                self.stats.dropped_too_short += 1
+                continue
+            self.stats.kept += 1
+            self._samples[conv.line_index] = Sample(
+                conv.line_index, torch.tensor(ids, dtype=torch.long),
+                torch.tensor(mask, dtype=torch.long))
+
+    @property
+    def sample_ids(self) -> list[int]:
+        return sorted(self._samples)
+
+    @property
+    def samples_by_id(self) -> Mapping[int, Sample]:
+        return self._samples
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __getitem__(self, sample_id: int) -> Sample:
+        try:
+            return self._samples[sample_id]
+        except KeyError:
+            raise KeyError(f"no sample with id {sample_id} in {self.path} (ids are line "
+                           f"indices; dropped and skipped lines have none)") from None
+
+    def __iter__(self) -> Iterator[Sample]:
+        return (self._samples[i] for i in self.sample_ids)

@@ -1,0 +1,131 @@
+"""Read chat JSONL files in OpenAI ``messages`` or ShareGPT ``conversations`` form.
+
+Every non-blank line is one conversation. A malformed line raises :class:`DataError` naming the
+file and the 1-based line number, or, with ``on_bad_line="skip"``, is counted in a
+:class:`DataStats` and reported with a log warning. Blank lines are ignored but still count
+towards line numbers, so a conversation's id (its 0-based line index) never depends on other
+lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.data.stats import DataStats
+from pipeline.validate import require_choice
+
+log = logging.getLogger(__name__)
+
+ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
+# Which top-level key each format keeps its turns under.
+_FORMAT_KEY = {"messages": "messages", "sharegpt": "conversations"}
+
+
+class DataError(ValueError):
+    """A line of a data file that cannot be used; the message says where and why."""
+
+    def __init__(self, path: str, line_no: int, reason: str) -> None:
+        super().__init__(f"{path}:{line_no}: {reason}")
+        self.path = path
+        self.line_no = line_no  # 1-based, as editors show it
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Conversation:
+    line_index: int  # 0-based line in the file: the conversation's stable id
+    messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": str}]
+
+
+def parse_line(line: str, fmt: str = "auto") -> list[dict[str, str]]:
+    """One JSONL line -> messages in OpenAI form. Raises ValueError saying what is wrong."""
+    require_choice("fmt", fmt, FORMATS)
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    fmt = _detect_format(record) if fmt == "auto" else fmt
+    key = _FORMAT_KEY[fmt]
+    turns = record.get(key)
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"format {fmt!r} needs a non-empty list under {key!r}, "
+                         f"got keys {sorted(record)}")
+    if fmt == "messages":
+        messages = [_message(t, i, "role", "content", {r: r for r in ROLES})
+                    for i, t in enumerate(turns)]
+    else:
+        messages = [_message(t, i, "from", "value", SHAREGPT_ROLES) for i, t in enumerate(turns)]
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("no assistant turn: nothing to supervise")
+    return messages
+
+
+def _detect_format(record: dict[str, Any]) -> str:
+    has = [fmt for fmt, key in _FORMAT_KEY.items() if key in record]
+    if len(has) != 1:
+        raise ValueError(f"expected exactly one of the keys 'messages' (OpenAI) or "
+                         f"'conversations' (ShareGPT), got keys {sorted(record)}")
+    return has[0]
+
+
+def _message(turn: Any, index: int, role_key: str, text_key: str,
+             roles: dict[str, str]) -> dict[str, str]:
+    """Check one turn and map its role to the OpenAI name (human -> user, gpt -> assistant)."""
+    if not isinstance(turn, dict):
+        raise ValueError(f"turn {index} is a {type(turn).__name__}, expected an object")
+    if role_key not in turn or text_key not in turn:
+        raise ValueError(f"turn {index} needs keys {role_key!r} and {text_key!r}, "
+                         f"got {sorted(turn)}")
+    role, text = turn[role_key], turn[text_key]
+    if role not in roles:
+        raise ValueError(f"turn {index} has {role_key}={role!r}; allowed: {sorted(roles)}")
+    if not isinstance(text, str):
+        raise ValueError(f"turn {index} has a non-string {text_key!r} "
+                         f"({type(text).__name__})")
+    return {"role": roles[role], "content": text}
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
+                       stats: Optional[DataStats] = None) -> Iterator[Conversation]:
+    """Yield the conversations of a JSONL file in line order.
+
+    ``stats`` (if given) counts lines read and bad lines skipped; skipped lines are also
+    reported in one warning when the file has been read to the end.
+    """
+    require_choice("fmt", fmt, FORMATS)
+    require_choice("on_bad_line", on_bad_line, ON_BAD_LINE)
+    stats = stats if stats is not None else DataStats()
+    skipped_before = stats.skipped_bad
+    # Bytes, decoded per line: one badly encoded line is a bad line, not a failed file.
+    with open(path, "rb") as f:
+        for index, raw in enumerate(f):
+            if not raw.strip():
+                continue
+            stats.lines_read += 1
+            try:
+                messages = parse_line(_decode(raw), fmt)
+            except ValueError as e:
+                bad = DataError(path, index + 1, str(e))
+                if on_bad_line == "error":
+                    raise bad from None
+                stats.record_bad(str(bad))
+                continue
+            yield Conversation(index, messages)
+    skipped = stats.skipped_bad - skipped_before
+    if skipped:
+        log.warning("skipped %d malformed line(s) of %s (on_bad_line=skip); first: %s",
+                    skipped, path, "; ".join(stats.bad_examples[:3]))

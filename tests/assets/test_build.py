@@ -1,0 +1,34 @@
+"""The build recipe on a micro scale: deterministic, and the manifest says what was built."""
+
+import dataclasses
+import filecmp
+import os
+
+from pipeline.assets.build import build_tiny_assets
+from pipeline.assets.recipe import TinyRecipe
+
+MICRO = dataclasses.replace(TinyRecipe(), train_steps=3, warmup_steps=1, num_train=4,
+                            num_heldout=2, max_new_tokens=6, min_assistant_tokens=1)
+
+
+def test_build_is_deterministic(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    manifest_a = build_tiny_assets(str(a), MICRO)
+    manifest_b = build_tiny_assets(str(b), MICRO)
+    files = ["target/model.safetensors", "target/config.json", "target/tokenizer.json",
+             "data/train.jsonl", "data/heldout.jsonl"]
+    match, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
+    assert (mismatch, errors) == ([], [])
+    assert manifest_a["data"] == manifest_b["data"]
+    assert manifest_a["target_loss_first_last"] == manifest_b["target_loss_first_last"]
+
+
+def test_manifest_records_the_build(tmp_path):
+    manifest = build_tiny_assets(str(tmp_path), MICRO)
+    assert manifest["recipe"] == dataclasses.asdict(MICRO)
+    assert manifest["data"]["train"]["kept"] == 4 and manifest["data"]["heldout"]["kept"] == 2
+    assert manifest["build_time_s"] > 0 and set(manifest["timings_s"]) == {
+        "tokenizer", "train_target", "generate_data"}
+    assert os.path.exists(tmp_path / "manifest.json")
