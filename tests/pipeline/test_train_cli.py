@@ -1,0 +1,27 @@
+"""`python -m pipeline.train` on the embedded default: 1 target, 2 drafters, a local Ray."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")
+    cmd = [sys.executable, "-m", "pipeline.train", "cluster.targets_per_node=1",
+           "cluster.drafters_per_node=2", "train.max_steps=6", "train.eval_prompts=2",
+           "train.eval_max_new_tokens=8", f"train.out_dir={out}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "export" / "model.safetensors").exists()
+    config = json.loads((out / "export" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert {"perf/drafter0_busy", "perf/drafter1_busy", "perf/target0_busy"} <= rows[-2].keys()
+    assert "done: 6 steps" in proc.stderr + proc.stdout

@@ -1,0 +1,56 @@
+"""The workers as plain classes, without Ray: one target, one drafter, one step."""
+
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.dist.rendezvous import destroy_group, pick_master
+from pipeline.messages import MicroBatch, MicroBatchMeta
+from pipeline.model.config import DrafterConfig, build_drafter_spec
+from pipeline.model.target import load_target_head
+from pipeline.training.drafter_trainer import DrafterTrainer
+from pipeline.workers.drafter_worker import DrafterWorker
+from pipeline.workers.target_worker import TargetWorker
+
+MASK_ID = 95  # the last row of the random target's vocabulary (tests/conftest.py)
+
+
+def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
+    options = DrafterConfig(num_layers=1, block_size=4, num_taps=2, mask_token_id=MASK_ID,
+                            num_anchors=4)
+    spec = build_drafter_spec(target_config, options)
+    numel = 2 * 24 * spec.feature_size
+    target = TargetWorker(0, str(random_target_dir), spec.target_layer_ids, "cpu",
+                          torch.float32, num_slots=2, slot_numel=numel)
+    train = TrainConfig(lr=1e-3, warmup_ratio=0.0)
+    drafter = DrafterWorker(0, 1, spec, options, train, str(random_target_dir), "cpu", None,
+                            torch.float32, numel, total_steps=1)
+    master = pick_master()
+    drafter.init_group(master.addr, master.port)
+    try:
+        drafter.attach([target.ring_handle()])
+        ids = torch.randint(0, 90, (2, 20))
+        mask = torch.zeros_like(ids)
+        mask[:, 6:] = 1
+        meta = MicroBatchMeta(step=0, epoch=0, index=0, num_in_step=1, sample_ids=(5, 9),
+                              shape=(2, 20))
+        batch = MicroBatch(meta, ids, mask, torch.tensor([20, 20]))
+        ready = target.produce(1, batch)
+        assert ready.slot == 1 and ready.shape == (2, 20, spec.feature_size)
+        assert ready.meta.on_main_thread
+        drafter.load(ready)
+        result = drafter.forward_backward(batch)
+        step = drafter.step(0)
+        # The same micro-batch through a plain DrafterTrainer gives the same loss and update.
+        ref = DrafterTrainer(spec, options, train, load_target_head(random_target_dir), "cpu",
+                             None, total_steps=1)
+        feats = target.target(ids, batch.attention_mask())
+        parts = ref.forward_backward(feats, ids, mask, [5, 9], 0)
+        ref.step()
+        assert result.numerator == float(parts.numerator.detach())
+        assert step.denominator == float(parts.denominator)
+        for a, b in zip(drafter.trainer.model.parameters(), ref.model.parameters()):
+            torch.testing.assert_close(a, b)
+    finally:
+        drafter.close()
+        target.close()
+        destroy_group()
