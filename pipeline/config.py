@@ -63,6 +63,9 @@ class TrainConfig:
     epochs: int = 1
     # Stop after this many optimizer steps (null: run all epochs).
     max_steps: Optional[int] = None
+    # Stop (with a checkpoint) once this many steps are done, keeping the LR schedule of the
+    # whole job: splits a job over several allocations; resume with train.resume=auto.
+    stop_at_step: Optional[int] = None
     # Micro-batches each drafter backpropagates per optimizer step.
     grad_accum: int = 1
     lr: float = 6e-4
@@ -90,6 +93,8 @@ class TrainConfig:
         require(self.max_steps is None or self.max_steps >= 1, "train.max_steps",
                  self.max_steps, ">= 1 or null")
         require(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, ">= 1")
+        require(self.stop_at_step is None or self.stop_at_step >= 1, "train.stop_at_step",
+                self.stop_at_step, ">= 1 or null")
         require(self.lr > 0, "train.lr", self.lr, "> 0")
         require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "in [0, 1)")
         require(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")

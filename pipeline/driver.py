@@ -1,150 +1,49 @@
-"""The driver: resolves the job, starts the actors, runs the step loop, exports and evaluates."""
+"""The driver: resolves the job, starts the actors, runs the step loop, checkpoints, exports."""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import ray
 
+from pipeline import checkpoint as ckpt
 from pipeline.accounting import EpochAccount, SampleAccounting
+from pipeline.actors import Actors, connect, init_ray, shutdown, start_actors
 from pipeline.config import JobConfig
-from pipeline.launcher import NodeGroup, check_cluster, node_groups, start_actor
-from pipeline.resolve import ResolvedJob, resolve_job
+from pipeline.launcher import check_cluster, start_actor
+from pipeline.progress import Progress
+from pipeline.report import step_metrics
+from pipeline.resolve import resolve_job
 from pipeline.scheduler import StepLoop, StepReport, Topology
 from pipeline.telemetry import MetricsLogger
-from pipeline.training.metrics import StepTotals, metrics_dict
-from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
-from pipeline.workers.target_worker import TargetWorker
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class RunSummary:
-    steps: int
+    first_step: int
+    end_step: int
     samples: int
-    wall_s: float
+    wall_s: float = 0.0
     losses: list[float] = field(default_factory=list)
     accounts: list[EpochAccount] = field(default_factory=list)
     tau_before: Optional[float] = None
     tau_after: Optional[float] = None
     export_dir: Optional[str] = None
+    checkpoints: list[str] = field(default_factory=list)
     on_main_thread: bool = True
     checksums_agree: bool = True
     graph_warned: bool = False
 
-
-def init_ray(job: JobConfig) -> None:
-    if ray.is_initialized():
-        return
-    address = job.cluster.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-        return
-    # A private local cluster: logical CPUs enough for every actor even on a 2-core laptop.
-    c = job.cluster
-    need = (c.targets_per_node + c.drafters_per_node) * c.cpus_per_actor + 1
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False)
-
-
-@dataclass
-class Actors:
-    prefetcher: Any
-    targets: list[Any]
-    drafters: list[Any]
-    target_node: list[int]
-    drafter_node: list[int]
-    groups: list[NodeGroup]
-
-
-def start_actors(job: JobConfig, r: ResolvedJob, plan: PlanSummary, actors: Actors) -> None:
-    """Targets and drafters in their nodes' placement groups, recorded into ``actors``."""
-    c, d = job.cluster, job.data
-    slot_numel = d.micro_batch_size * d.max_length * r.spec.feature_size
-    actors.groups = groups = node_groups(c, r.device)
-    targets, drafters = actors.targets, actors.drafters
-    target_node, drafter_node = actors.target_node, actors.drafter_node
-    world = c.num_drafters
-    for n, group in enumerate(groups):
-        for i in range(c.targets_per_node):
-            rank = len(targets)
-            targets.append(start_actor(TargetWorker, group, i, r.device, c.cpus_per_actor,
-                                       rank, r.target_path, r.spec.target_layer_ids, r.device,
-                                       r.target_dtype, c.num_slots, slot_numel, group.node_id))
-            target_node.append(n)
-        for i in range(c.drafters_per_node):
-            drafters.append(start_actor(
-                DrafterWorker, group, c.targets_per_node + i, r.device, c.cpus_per_actor,
-                len(drafters), world, r.spec, job.drafter, job.train, r.target_path, r.device,
-                r.autocast_dtype, r.target_dtype, slot_numel, plan.num_steps))
-            drafter_node.append(n)
-
-
-def shutdown(actors: Actors) -> None:
-    """Close rings (readers first), kill this job's actors, free its placement groups.
-
-    Closing before killing matters on CPU: a killed owner leaves its /dev/shm segment behind.
-    """
-    from ray.util.placement_group import remove_placement_group
-
-    for group in (actors.drafters, actors.targets):
-        try:
-            ray.get([h.close.remote() for h in group], timeout=60)
-        except Exception as exc:  # a crashed actor must not hide the original error
-            log.warning("closing actors failed: %s", exc)
-    for handle in [actors.prefetcher, *actors.targets, *actors.drafters]:
-        if handle is not None:
-            ray.kill(handle)
-    for group in actors.groups:
-        remove_placement_group(group.pg)
-
-
-def connect(actors: Actors) -> None:
-    """Form the drafters' process group and open every ring in the drafters of its node."""
-    master = ray.get(actors.drafters[0].master_address.remote())
-    ray.get([d.init_group.remote(master.addr, master.port) for d in actors.drafters])
-    handles = ray.get([t.ring_handle.remote() for t in actors.targets])
-    ray.get([d.attach.remote([h for h, n in zip(handles, actors.target_node)
-                              if n == actors.drafter_node[i]])
-             for i, d in enumerate(actors.drafters)])
-
-
-def step_metrics(report: StepReport, num_targets: int) -> dict[str, float]:
-    totals = StepTotals()
-    for m in report.micro:
-        totals.merge(StepTotals(m.numerator, m.denominator, list(m.correct), list(m.total),
-                                len(m.sample_ids), m.tokens))
-    wall = max(report.wall_s, 1e-9)
-    drafter_busy = defaultdict_sum((m.drafter, m.busy_s) for m in report.micro)
-    for res in report.results:
-        drafter_busy[res.drafter] = drafter_busy.get(res.drafter, 0.0) + res.busy_s
-    out = metrics_dict(totals)
-    out.update({
-        "train/lr": report.results[0].lr, "train/grad_norm": report.results[0].grad_norm,
-        "perf/samples_per_s": totals.samples / wall, "perf/tokens_per_s": totals.tokens / wall,
-        "perf/step_time_s": wall, "perf/slot_wait_s": report.slot_wait_s,
-        "perf/ready_queue_depth": report.ready_depth,
-        "perf/allreduce_s": max(r.reduce_s for r in report.results),
-    })
-    for t in range(num_targets):
-        out[f"perf/target{t}_busy"] = report.produce_busy_s.get(t, 0.0) / wall
-    for res in report.results:
-        out[f"perf/drafter{res.drafter}_busy"] = drafter_busy.get(res.drafter, 0.0) / wall
-        out[f"perf/drafter{res.drafter}_max_mem_gb"] = res.max_memory_bytes / 2**30
-    return out
-
-
-def defaultdict_sum(pairs) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for key, value in pairs:
-        out[key] = out.get(key, 0.0) + value
-    return out
+    @property
+    def steps(self) -> int:
+        return self.end_step - self.first_step
 
 
 class Driver:
@@ -154,23 +53,26 @@ class Driver:
         self.job = job
         self.r = resolve_job(job)
         self.out_dir = Path(job.train.out_dir)
+        self.resume_from = ckpt.resolve_resume(job.train.resume, self.out_dir)
+        self.resume = ckpt.read_point(self.resume_from) if self.resume_from else None
 
     def run(self) -> RunSummary:
-        job, r = self.job, self.r
+        job = self.job
         t_start = time.perf_counter()
         init_ray(job)
-        check_cluster(job.cluster, r.device)
+        check_cluster(job.cluster, self.r.device)
         actors = Actors(None, [], [], [], [], [])
         try:
             plan = self._start(actors)
-            summary = RunSummary(steps=plan.num_steps, samples=plan.num_samples, wall_s=0.0)
-            metrics = MetricsLogger(job, self.out_dir)
+            summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples)
+            metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
             try:
-                summary.tau_before = self._evaluate(actors, metrics, 0, "before")
+                if self.resume is None:
+                    summary.tau_before = self._evaluate(actors, metrics, 0, "before")
                 self._train(actors, plan, metrics, summary)
                 summary.export_dir = ray.get(actors.drafters[0].export.remote(
                     str(self.out_dir / "export"), job.train.export_dtype))
-                summary.tau_after = self._evaluate(actors, metrics, plan.num_steps, "after")
+                summary.tau_after = self._evaluate(actors, metrics, summary.end_step, "after")
                 summary.wall_s = time.perf_counter() - t_start
                 metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
                                  "tau_after": summary.tau_after,
@@ -182,58 +84,85 @@ class Driver:
         return summary
 
     def _start(self, actors: Actors) -> PlanSummary:
-        """Prefetcher first (its plan sizes the schedulers), then targets and drafters."""
+        """Prefetcher first (its plan sizes the schedules), then targets and drafters."""
         job, r, c = self.job, self.r, self.job.cluster
+        per_step = c.num_drafters * job.train.grad_accum
         actors.prefetcher = start_actor(
             Prefetcher, None, 0, r.device, c.cpus_per_actor, r.train_path, r.target_path,
-            job.data, r.spec.block_size, job.train.epochs, c.num_drafters * job.train.grad_accum,
-            job.train.max_steps, r.pad_token_id,
-            job.data.max_length if job.drafter.static_shapes else None)
+            job.data, r.spec.block_size, job.train.epochs, per_step, job.train.max_steps,
+            r.pad_token_id, job.data.max_length if job.drafter.static_shapes else None,
+            self.resume)
         plan = ray.get(actors.prefetcher.summary.remote())
-        log.info("data: %s; %d steps of %d micro-batches", plan.data_summary, plan.num_steps,
-                 c.num_drafters * job.train.grad_accum)
+        log.info("data: %s; steps %d..%d of %d micro-batches", plan.data_summary,
+                 plan.first_step + 1, plan.end_step, per_step)
         start_actors(job, r, plan, actors)
         connect(actors)
+        if self.resume_from is not None:
+            done = ray.get([d.load_checkpoint.remote(str(self.resume_from))
+                            for d in actors.drafters])
+            assert set(done) == {self.resume.step}, f"checkpoint step mismatch: {done}"
+            log.info("resumed from %s at step %d", self.resume_from, self.resume.step)
         return plan
 
     def _train(self, actors: Actors, plan: PlanSummary, metrics: MetricsLogger,
                summary: RunSummary) -> None:
         accounting = SampleAccounting(plan.sample_ids)
-        last_step_of_epoch = {}
-        total = 0
-        for epoch, n in enumerate(plan.steps_per_epoch):
-            total += n
-            last_step_of_epoch[total - 1] = epoch
+        cursor = Cursor(plan, self.resume)
+        stop = summary.end_step
+        progress = Progress(plan.first_step, stop, self.job.train.log_every)
 
         def on_step(report: StepReport) -> None:
             for m in report.micro:
                 accounting.add(m.epoch, m.sample_ids)
-                summary.on_main_thread &= m.on_main_thread
-            summary.on_main_thread &= all(res.on_main_thread for res in report.results)
-            skips = max(res.cudagraph_skips for res in report.results)
-            if skips and self.job.drafter.compile == "reduce-overhead" and not summary.graph_warned:
-                summary.graph_warned = True
-                log.warning("drafter.compile=reduce-overhead, but inductor skipped %d CUDA "
-                            "graph(s): see TORCH_LOGS=perf_hints for why", skips)
-            sums = {round(res.param_checksum, 6) for res in report.results}
-            summary.checksums_agree &= len(sums) == 1
+            self._check_replicas(report, summary)
             row = step_metrics(report, len(actors.targets))
             row["trainer/step"] = report.step + 1
             summary.losses.append(row["train/loss"])
             metrics.log(row, report.step + 1)
-            if (report.step + 1) % self.job.train.log_every == 0:
-                log.info("step %d/%d loss %.4f acc %.3f %.1f samples/s", report.step + 1,
-                         plan.num_steps, row["train/loss"], row["train/accuracy"],
-                         row["perf/samples_per_s"])
-            if report.step in last_step_of_epoch:
-                epoch = last_step_of_epoch[report.step]
-                account = accounting.account(epoch, plan.samples_per_epoch[epoch])
+            progress.update(report.step + 1, row)
+            if cursor.epoch_ends_at(report.step) or report.step + 1 == stop:
+                account = accounting.account(report.epoch,
+                                             plan.samples_planned(report.epoch))
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
 
+        def after_step(step: int):
+            if not self._checkpoint_due(step + 1, stop):
+                return None
+            staging = ckpt.staging_dir(self.out_dir, step + 1)
+            ref = actors.drafters[0].save_checkpoint.remote(str(staging))
+            point = cursor.after(step)
+
+            def done(_path: str) -> None:
+                final = ckpt.finalize(staging, point, {"config": asdict(self.job)})
+                summary.checkpoints.append(str(final))
+                log.info("checkpoint %s", final)
+            return ref, done
+
         topo = Topology(actors.prefetcher, actors.targets, actors.drafters, actors.target_node,
                         actors.drafter_node, self.job.cluster.num_slots)
-        StepLoop(topo, plan.num_steps, on_step=on_step).run()
+        try:
+            StepLoop(topo, stop, plan.first_step, on_step, after_step).run()
+        finally:
+            progress.close()
+
+    def _stop_step(self, plan: PlanSummary) -> int:
+        stop = self.job.train.stop_at_step
+        return plan.end_step if stop is None else max(plan.first_step, min(stop, plan.end_step))
+
+    def _checkpoint_due(self, steps_done: int, end_step: int) -> bool:
+        every = self.job.train.save_every
+        return steps_done == end_step or (every > 0 and steps_done % every == 0)
+
+    def _check_replicas(self, report: StepReport, summary: RunSummary) -> None:
+        summary.on_main_thread &= all(m.on_main_thread for m in report.micro)
+        summary.on_main_thread &= all(res.on_main_thread for res in report.results)
+        summary.checksums_agree &= len({round(r.param_checksum, 6) for r in report.results}) == 1
+        skips = max(res.cudagraph_skips for res in report.results)
+        if skips and self.job.drafter.compile == "reduce-overhead" and not summary.graph_warned:
+            summary.graph_warned = True
+            log.warning("drafter.compile=reduce-overhead, but inductor skipped %d CUDA "
+                        "graph(s): see TORCH_LOGS=perf_hints for why", skips)
 
     def _evaluate(self, actors: Actors, metrics: MetricsLogger, step: int,
                   label: str) -> Optional[float]:
@@ -250,3 +179,31 @@ class Driver:
         metrics.log({"eval/tau": tau, "trainer/step": step}, step)
         log.info("tau %s training: %.3f on %d held-out prompts", label, tau, len(prompts))
         return tau
+
+
+class Cursor:
+    """The data cursor after each planned step: (epoch, samples of it done)."""
+
+    def __init__(self, plan: PlanSummary, resume: Optional[ckpt.ResumePoint]) -> None:
+        self.plan = plan
+        self.num_samples = plan.num_samples
+        start = resume.samples_done if resume else 0
+        self.points: dict[int, ckpt.ResumePoint] = {}
+        done: dict[int, int] = {}
+        for i, (epoch, n) in enumerate(zip(plan.step_epochs, plan.step_samples)):
+            first = resume is not None and epoch == resume.epoch
+            done[epoch] = done.get(epoch, start if first else 0) + n
+            step = plan.first_step + i
+            if done[epoch] >= self.num_samples:
+                self.points[step] = ckpt.ResumePoint(step + 1, epoch + 1, 0)
+            else:
+                self.points[step] = ckpt.ResumePoint(step + 1, epoch, done[epoch])
+
+    def after(self, step: int) -> ckpt.ResumePoint:
+        return self.points[step]
+
+    def epoch_ends_at(self, step: int) -> bool:
+        """The last planned step of its epoch (complete, or cut by max_steps)."""
+        i = step - self.plan.first_step
+        epochs = self.plan.step_epochs
+        return i == len(epochs) - 1 or epochs[i + 1] != epochs[i]

@@ -50,7 +50,7 @@ class StepReport:
 
 @dataclass
 class _Pending:
-    kind: str  # "batch" | "produce" | "ack" | "micro" | "step"
+    kind: str  # "batch" | "produce" | "ack" | "micro" | "step" | "extra"
     info: Any = None
 
 
@@ -66,11 +66,16 @@ class _StepState:
 
 
 class StepLoop:
-    def __init__(self, topo: Topology, num_steps: int, first_step: int = 0,
+    def __init__(self, topo: Topology, end_step: int, first_step: int = 0,
                  on_step: Optional[Callable[[StepReport], None]] = None,
+                 after_step_call: Optional[Callable[[int], Optional[tuple[Any, Callable]]]] = None,
                  max_queued_per_drafter: int = 2) -> None:
+        """``after_step_call(step)`` may return (ref, callback): a call the driver queued on a
+        drafter right behind step ``step`` (a checkpoint save), and what to do once it is done.
+        """
         self.t = topo
-        self.num_steps = num_steps
+        self.num_steps = end_step
+        self.after_step_call = after_step_call
         self.next_step_to_close = first_step
         self.dispatch_step = first_step
         self.on_step = on_step or (lambda report: None)
@@ -91,7 +96,7 @@ class StepLoop:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        while self.next_step_to_close < self.num_steps:
+        while self.next_step_to_close < self.num_steps or self._extra_pending():
             self._prefetch()
             self._feed_targets()
             self._feed_drafters()
@@ -101,6 +106,9 @@ class StepLoop:
             done, _ = ray.wait(list(self.pending), num_returns=1)
             for ref in done:
                 self._complete(ref, self.pending.pop(ref))
+
+    def _extra_pending(self) -> bool:
+        return any(p.kind == "extra" for p in self.pending.values())
 
     def _prefetch(self) -> None:
         while (not self.exhausted and
@@ -163,6 +171,9 @@ class StepLoop:
         """Every micro-batch of ``step`` is handed out: the step boundary goes to all drafters."""
         for handle in self.t.drafters:
             self.pending[handle.step.remote(step)] = _Pending("step", step)
+        extra = self.after_step_call(step) if self.after_step_call else None
+        if extra is not None:
+            self.pending[extra[0]] = _Pending("extra", extra[1])
         self.dispatch_step += 1
 
     # -- completions ------------------------------------------------------------------------
@@ -189,6 +200,8 @@ class StepLoop:
         elif p.kind == "step":
             self.steps[p.info].results.append(value)
             self._maybe_close(p.info)
+        elif p.kind == "extra":
+            p.info(value)
 
     def _maybe_close(self, step: int) -> None:
         state = self.steps[step]

@@ -1,4 +1,9 @@
-"""Where metrics go: a metrics.jsonl next to the run (always), the log, and wandb if chosen."""
+"""Where metrics go: metrics.jsonl beside the run (always), and one wandb run per job.
+
+wandb gets the resolved config and axes defined up front: every train/, perf/ and eval/
+series is plotted against ``trainer/step``. A resumed job continues the same wandb run (its id
+is kept in the out_dir).
+"""
 
 from __future__ import annotations
 
@@ -14,26 +19,25 @@ log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    def __init__(self, job: JobConfig, out_dir: Path) -> None:
+    def __init__(self, job: JobConfig, out_dir: Path, resumed: bool = False) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
-        self.sink = open(self.path, "a")
+        self.sink = open(self.path, "a" if resumed else "w")
         self.run: Optional[Any] = None
         if job.logger.kind == "wandb":
-            self.run = _start_wandb(job, out_dir)
+            self.run = _start_wandb(job, out_dir, resumed)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        row = {"step": step, **metrics}
-        self.sink.write(json.dumps(row) + "\n")
+        self.sink.write(json.dumps({"step": step, **metrics}) + "\n")
         self.sink.flush()
         if self.run is not None:
-            self.run.log(metrics, step=step)
+            self.run.log(metrics)
 
     def summary(self, values: dict[str, Any]) -> None:
         self.sink.write(json.dumps({"summary": values}) + "\n")
         self.sink.flush()
         if self.run is not None:
-            self.run.summary.update(values)
+            self.run.summary.update({k: v for k, v in values.items() if v is not None})
 
     def close(self) -> None:
         self.sink.close()
@@ -41,13 +45,16 @@ class MetricsLogger:
             self.run.finish()
 
 
-def _start_wandb(job: JobConfig, out_dir: Path) -> Any:
+def _start_wandb(job: JobConfig, out_dir: Path, resumed: bool) -> Any:
     import wandb
 
+    id_file = out_dir / "wandb_run_id"
+    run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
     run = wandb.init(project=job.logger.project, name=job.logger.name, mode=job.logger.mode,
-                     dir=str(out_dir), config=asdict(job))
-    # Steps are the x-axis of training curves; eval curves share it.
-    run.define_metric("train/*", step_metric="trainer/step")
-    run.define_metric("eval/*", step_metric="trainer/step")
-    run.define_metric("perf/*", step_metric="trainer/step")
+                     dir=str(out_dir), config=asdict(job), id=run_id,
+                     resume="allow" if run_id else None)
+    id_file.write_text(run.id)
+    run.define_metric("trainer/step")
+    for prefix in ("train/*", "perf/*", "eval/*"):
+        run.define_metric(prefix, step_metric="trainer/step")
     return run

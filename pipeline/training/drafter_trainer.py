@@ -96,6 +96,24 @@ class DrafterTrainer:
         self.steps_done += 1
         return denominator, norm
 
+    def state_dict(self) -> dict:
+        """Everything an exact resume needs from this replica (weights in fp32)."""
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "steps_done": self.steps_done,
+                "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps_done = state["steps_done"]
+        torch.set_rng_state(state["rng"]["cpu"])
+        if "cuda" in state["rng"] and self.device == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"])
+
     def take_totals(self) -> StepTotals:
         totals, self.totals = self.totals, StepTotals()
         return totals

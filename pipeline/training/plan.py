@@ -26,8 +26,9 @@ class StepPlan:
 
 
 def epoch_plan(sample_ids: Sequence[int], seed: int, epoch: int, micro_batch_size: int,
-               micro_batches_per_step: int) -> list[StepPlan]:
-    order = epoch_order(list(sample_ids), seed, epoch)
+               micro_batches_per_step: int, skip: int = 0) -> list[StepPlan]:
+    """Steps of one epoch; ``skip`` leaves out the first samples of its order (a resume)."""
+    order = epoch_order(list(sample_ids), seed, epoch)[skip:]
     mbs = [tuple(mb) for mb in micro_batches(order, micro_batch_size)]
     return [StepPlan(epoch, i // micro_batches_per_step,
                      tuple(mbs[i:i + micro_batches_per_step]))
@@ -40,9 +41,19 @@ def steps_per_epoch(num_samples: int, micro_batch_size: int, micro_batches_per_s
 
 
 def job_plan(sample_ids: Sequence[int], seed: int, epochs: int, micro_batch_size: int,
-             micro_batches_per_step: int, max_steps: int | None = None) -> list[StepPlan]:
-    """Every optimizer step of a job, epochs concatenated, cut after ``max_steps``."""
-    plans = [p for epoch in range(epochs)
-             for p in epoch_plan(sample_ids, seed, epoch, micro_batch_size,
-                                 micro_batches_per_step)]
-    return plans[:max_steps] if max_steps else plans
+             micro_batches_per_step: int, max_steps: int | None = None,
+             start_epoch: int = 0, samples_done: int = 0,
+             steps_done: int = 0) -> list[StepPlan]:
+    """The optimizer steps still to take, epochs concatenated, ending at ``max_steps``.
+
+    A resume passes its cursor (``start_epoch``, ``samples_done`` in it, ``steps_done``): the
+    rest of that epoch is re-planned from the same order, so with an unchanged layout the
+    steps are exactly those an uninterrupted run would take, and with a different number of
+    drafters every remaining sample is still trained exactly once.
+    """
+    plans = []
+    for epoch in range(start_epoch, epochs):
+        skip = samples_done if epoch == start_epoch else 0
+        plans += epoch_plan(sample_ids, seed, epoch, micro_batch_size, micro_batches_per_step,
+                            skip)
+    return plans[: max_steps - steps_done] if max_steps else plans

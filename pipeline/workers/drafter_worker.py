@@ -102,6 +102,17 @@ class DrafterWorker:
                           cudagraph_skips=cudagraph_skips())
 
     # -- outputs --------------------------------------------------------------------------
+    def save_checkpoint(self, folder: str) -> str:
+        path = Path(folder) / "drafter.pt"
+        torch.save(self.trainer.state_dict(), path)
+        return str(path)
+
+    def load_checkpoint(self, folder: str) -> int:
+        state = torch.load(Path(folder) / "drafter.pt", map_location=self.device,
+                           weights_only=False)
+        self.trainer.load_state_dict(state)
+        return self.trainer.steps_done
+
     def export(self, out_dir: str, dtype: str) -> str:
         return str(save_drafter(self.trainer.model, Path(out_dir), dtype))
 

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+from pipeline.checkpoint import ResumePoint
 from pipeline.data import ChatDataset, DataConfig, collate
 from pipeline.messages import MicroBatch, MicroBatchMeta
 from pipeline.training.plan import StepPlan, job_plan
@@ -19,27 +20,39 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PlanSummary:
+    first_step: int          # global index of the first planned step (0 unless resuming)
     num_samples: int
     sample_ids: tuple[int, ...]
     num_steps: int
     num_micro_batches: int
-    steps_per_epoch: tuple[int, ...]
-    samples_per_epoch: tuple[int, ...]  # planned; below num_samples where max_steps cuts
+    step_epochs: tuple[int, ...]   # epoch of each planned step
+    step_samples: tuple[int, ...]  # samples in each planned step
     data_summary: str
+
+    @property
+    def end_step(self) -> int:
+        return self.first_step + self.num_steps
+
+    def samples_planned(self, epoch: int) -> int:
+        return sum(n for e, n in zip(self.step_epochs, self.step_samples) if e == epoch)
 
 
 class Prefetcher:
     def __init__(self, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
                  epochs: int, micro_batches_per_step: int, max_steps: Optional[int],
-                 pad_token_id: int, pad_to: Optional[int]) -> None:
+                 pad_token_id: int, pad_to: Optional[int],
+                 resume: Optional[ResumePoint] = None) -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.dataset = ChatDataset(train_path, tokenizer, data, block_size)
         log.info("data: %s", self.dataset.stats.summary())
-        self.plans: list[StepPlan] = job_plan(self.dataset.sample_ids, data.seed, epochs,
-                                              data.micro_batch_size, micro_batches_per_step,
-                                              max_steps)
+        resume = resume or ResumePoint(0, 0, 0)
+        self.first_step = resume.step
+        self.plans: list[StepPlan] = job_plan(
+            self.dataset.sample_ids, data.seed, epochs, data.micro_batch_size,
+            micro_batches_per_step, max_steps, start_epoch=resume.epoch,
+            samples_done=resume.samples_done, steps_done=resume.step)
         self.pad_token_id = pad_token_id
         self.pad_to = pad_to
         # The flat order of (step, index) pairs; the cursor walks it.
@@ -48,16 +61,11 @@ class Prefetcher:
         self.cursor = 0
 
     def summary(self) -> PlanSummary:
-        per_epoch: dict[int, int] = {}
-        samples: dict[int, int] = {}
-        for plan in self.plans:
-            per_epoch[plan.epoch] = per_epoch.get(plan.epoch, 0) + 1
-            samples[plan.epoch] = samples.get(plan.epoch, 0) + len(plan.sample_ids)
-        return PlanSummary(num_samples=len(self.dataset.sample_ids),
+        return PlanSummary(first_step=self.first_step, num_samples=len(self.dataset.sample_ids),
                            sample_ids=tuple(self.dataset.sample_ids), num_steps=len(self.plans),
                            num_micro_batches=len(self.order),
-                           steps_per_epoch=tuple(per_epoch[e] for e in sorted(per_epoch)),
-                           samples_per_epoch=tuple(samples[e] for e in sorted(samples)),
+                           step_epochs=tuple(p.epoch for p in self.plans),
+                           step_samples=tuple(len(p.sample_ids) for p in self.plans),
                            data_summary=self.dataset.stats.summary())
 
     def next_micro_batch(self) -> tuple[Optional[MicroBatchMeta], Optional[MicroBatch]]:
@@ -73,12 +81,8 @@ class Prefetcher:
         plan = self.plans[step]
         ids = plan.micro_batches[index]
         batch = collate([self.dataset[i] for i in ids], self.pad_token_id, self.pad_to)
-        meta = MicroBatchMeta(step=step, epoch=plan.epoch, index=index,
+        meta = MicroBatchMeta(step=self.first_step + step, epoch=plan.epoch, index=index,
                               num_in_step=len(plan.micro_batches), sample_ids=tuple(ids),
                               shape=tuple(batch.input_ids.shape))
         return meta, MicroBatch(meta, batch.input_ids, batch.loss_mask, batch.lengths)
 
-    def set_cursor(self, step: int) -> None:
-        """Resume at the first micro-batch of ``step``."""
-        self.cursor = next((k for k, (s, _) in enumerate(self.order) if s >= step),
-                           len(self.order))
