@@ -113,7 +113,7 @@ class LoggerConfig:
     mode: str = "online"  # one of "online", "offline", "disabled"
     # Record a Chrome/Perfetto trace of per-actor spans for steps [trace_start, trace_start+n).
     trace_start: int = 2
-    trace_steps: int = 0
+    trace_steps: int = 5
 
     def __post_init__(self) -> None:
         require_choice("logger.kind", self.kind, ("none", "wandb"))

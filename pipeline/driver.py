@@ -20,6 +20,7 @@ from pipeline.report import step_metrics
 from pipeline.resolve import resolve_job
 from pipeline.scheduler import StepLoop, StepReport, Topology
 from pipeline.telemetry import MetricsLogger
+from pipeline.trace import TraceRecorder
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class Driver:
         cursor = Cursor(plan, self.resume)
         stop = summary.end_step
         progress = Progress(plan.first_step, stop, self.job.train.log_every)
+        trace = TraceRecorder(self.job.logger.trace_start, self.job.logger.trace_steps)
 
         def on_step(report: StepReport) -> None:
             for m in report.micro:
@@ -120,6 +122,7 @@ class Driver:
             summary.losses.append(row["train/loss"])
             metrics.log(row, report.step + 1)
             progress.update(report.step + 1, row)
+            trace.add(report)
             if cursor.epoch_ends_at(report.step) or report.step + 1 == stop:
                 account = accounting.account(report.epoch,
                                              plan.samples_planned(report.epoch))
@@ -134,7 +137,8 @@ class Driver:
             point = cursor.after(step)
 
             def done(_path: str) -> None:
-                final = ckpt.finalize(staging, point, {"config": asdict(self.job)})
+                final = ckpt.finalize(staging, point, {"drafter_config": self.r.spec.hf_config,
+                                                       "job": asdict(self.job)})
                 summary.checkpoints.append(str(final))
                 log.info("checkpoint %s", final)
             return ref, done
@@ -145,6 +149,10 @@ class Driver:
             StepLoop(topo, stop, plan.first_step, on_step, after_step).run()
         finally:
             progress.close()
+            written = trace.write(self.out_dir / "trace.json")
+            if written:
+                log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
+                         self.job.logger.trace_start + self.job.logger.trace_steps, written)
 
     def _stop_step(self, plan: PlanSummary) -> int:
         stop = self.job.train.stop_at_step

@@ -48,6 +48,7 @@ class MicroResult:
     correct: tuple[float, ...]
     total: tuple[float, ...]
     tokens: int
+    start_s: float  # wall clock (time.time) when the work began, for the trace
     busy_s: float
     on_main_thread: bool
 
@@ -61,7 +62,9 @@ class StepResult:
     denominator: float   # all-reduced over drafters: the step's global denominator
     grad_norm: float
     lr: float
+    start_s: float
     busy_s: float
+    reduce_start_s: float
     reduce_s: float
     max_memory_bytes: int
     param_checksum: float  # sum of parameters: replicas must agree
@@ -75,5 +78,6 @@ class ProduceMeta:
 
     step: int
     index: int
+    start_s: float
     busy_s: float
     on_main_thread: bool

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from pipeline.messages import MicroBatchMeta, MicroResult, StepResult
+from pipeline.messages import MicroBatchMeta, MicroResult, ProduceMeta, StepResult
 from pipeline.transport.ledger import SlotLedger
 from pipeline.transport.messages import SlotAck, SlotReady
 
@@ -43,6 +43,8 @@ class StepReport:
     micro: list[MicroResult]
     results: list[StepResult]
     produce_busy_s: dict[int, float]
+    produced: list[tuple[int, ProduceMeta]]     # (target, its span) per micro-batch
+    slot_waits: list[tuple[int, float, float]]  # (target, ready at, taken at), wall clock
     wall_s: float
     slot_wait_s: float
     ready_depth: float
@@ -61,6 +63,8 @@ class _StepState:
     micro: list[MicroResult] = field(default_factory=list)
     results: list[StepResult] = field(default_factory=list)
     produce_busy: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    produced: list = field(default_factory=list)
+    slot_waits: list = field(default_factory=list)
     slot_wait_s: float = 0.0
     depth_samples: list[int] = field(default_factory=list)
 
@@ -150,7 +154,9 @@ class StepLoop:
                     break
                 key = (ready.target_rank, ready.slot)
                 meta, batch_ref = self.batch_of.pop(key)
-                state.slot_wait_s += time.perf_counter() - self.ready_since.pop(key)
+                ready_at = self.ready_since.pop(key)
+                state.slot_wait_s += time.time() - ready_at
+                state.slot_waits.append((ready.target_rank, ready_at, time.time()))
                 state.depth_samples.append(ledger.num_ready + 1)
                 handle = self.t.drafters[drafter]
                 self.pending[handle.load.remote(ready)] = _Pending("ack", node)
@@ -188,8 +194,10 @@ class StepLoop:
         elif p.kind == "produce":
             ready: SlotReady = value
             self.ledgers[self.t.target_node[p.info]].mark_ready(ready)
-            self.ready_since[(ready.target_rank, ready.slot)] = time.perf_counter()
-            self.steps[ready.meta.step].produce_busy[ready.target_rank] += ready.meta.busy_s
+            self.ready_since[(ready.target_rank, ready.slot)] = time.time()
+            state = self.steps[ready.meta.step]
+            state.produce_busy[ready.target_rank] += ready.meta.busy_s
+            state.produced.append((ready.target_rank, ready.meta))
         elif p.kind == "ack":
             ack: SlotAck = value
             self.ledgers[p.info].release(ack)
@@ -213,6 +221,7 @@ class StepLoop:
         self.on_step(StepReport(
             step=step, epoch=state.micro[0].epoch if state.micro else -1, micro=state.micro,
             results=state.results, produce_busy_s=dict(state.produce_busy),
+            produced=state.produced, slot_waits=state.slot_waits,
             wall_s=now - self.step_started, slot_wait_s=state.slot_wait_s,
             ready_depth=sum(depth) / len(depth) if depth else 0.0))
         self.step_started = now

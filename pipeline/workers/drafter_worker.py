@@ -69,7 +69,7 @@ class DrafterWorker:
         ready, self.loaded = self.loaded, None
         assert ready is not None and ready.sample_ids == batch.meta.sample_ids, (
             f"drafter {self.rank}: batch {batch.meta.sample_ids} does not match the loaded slot")
-        t0 = time.perf_counter()
+        start, t0 = time.time(), time.perf_counter()
         numel = 1
         for s in ready.shape:
             numel *= s
@@ -81,14 +81,14 @@ class DrafterWorker:
             drafter=self.rank, step=batch.meta.step, epoch=batch.meta.epoch,
             sample_ids=batch.meta.sample_ids, numerator=float(parts.numerator.detach()),
             denominator=float(parts.denominator), correct=tuple(parts.correct.tolist()),
-            total=tuple(parts.total.tolist()), tokens=int(batch.loss_mask.sum()),
+            total=tuple(parts.total.tolist()), tokens=int(batch.loss_mask.sum()), start_s=start,
             busy_s=time.perf_counter() - t0, on_main_thread=on_main_thread())
 
     # -- per optimizer step ---------------------------------------------------------------
     def step(self, step: int) -> StepResult:
         """The step boundary: all-reduce gradients and denominators, clip, update."""
         assert self.reducer is not None, "init_group must run before step"
-        t0 = time.perf_counter()
+        start, t0 = time.time(), time.perf_counter()
         timed = _TimedReducer(self.reducer, self._sync)
         lr = self.trainer.lr
         denominator, norm = self.trainer.step(timed)
@@ -96,8 +96,8 @@ class DrafterWorker:
         with torch.no_grad():
             checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
         return StepResult(drafter=self.rank, step=step, denominator=denominator,
-                          grad_norm=norm, lr=lr, busy_s=time.perf_counter() - t0,
-                          reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
+                          grad_norm=norm, lr=lr, start_s=start, busy_s=time.perf_counter() - t0,
+                          reduce_start_s=timed.start, reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
                           param_checksum=checksum, on_main_thread=on_main_thread(),
                           cudagraph_skips=cudagraph_skips())
 
@@ -145,11 +145,11 @@ def cudagraph_skips() -> int:
 
 class _TimedReducer:
     def __init__(self, reducer: FlatReducer, sync) -> None:
-        self.reducer, self.sync, self.seconds = reducer, sync, 0.0
+        self.reducer, self.sync, self.seconds, self.start = reducer, sync, 0.0, 0.0
 
     def __call__(self, grads, denominator):
         self.sync()
-        t0 = time.perf_counter()
+        self.start, t0 = time.time(), time.perf_counter()
         out = self.reducer(grads, denominator)
         self.seconds = time.perf_counter() - t0
         return out

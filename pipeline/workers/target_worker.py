@@ -30,13 +30,13 @@ class TargetWorker:
 
     def produce(self, slot: int, batch: MicroBatch) -> SlotReady:
         """Tap features of ``batch`` into ``slot``; announced only once written."""
-        t0 = time.perf_counter()
+        start, t0 = time.time(), time.perf_counter()
         feats = self.target(batch.input_ids.to(self.device),
                             batch.attention_mask().to(self.device))
         self.ring.slot(slot, feats.shape).copy_(feats)
         ready = self.ring.publish(slot, feats.shape, batch.meta.sample_ids)
         # publish synchronised the device, so this time includes the GPU work.
-        meta = ProduceMeta(step=batch.meta.step, index=batch.meta.index,
+        meta = ProduceMeta(step=batch.meta.step, index=batch.meta.index, start_s=start,
                            busy_s=time.perf_counter() - t0, on_main_thread=on_main_thread())
         return dataclasses.replace(ready, meta=meta)
 

@@ -1,0 +1,52 @@
+"""Export a training checkpoint as a DFlash drafter that SGLang and vLLM load.
+
+    python -m pipeline.export --checkpoint runs/demo/checkpoints/step_00000150 --out drafter/
+    python -m pipeline.export --checkpoint runs/demo --out drafter/ --dtype bfloat16  # latest
+
+Writes config.json + model.safetensors (no embedding, no LM head); see README "Serving".
+"""
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from pipeline import checkpoint as ckpt
+from pipeline.model.checkpoint import save_drafter
+from pipeline.model.config import DrafterSpec
+from pipeline.model.drafter import DFlashDrafter
+
+log = logging.getLogger(__name__)
+
+
+def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> Path:
+    """``checkpoint`` is a step folder, or a run's out_dir (its latest checkpoint)."""
+    if not (checkpoint / "state.json").exists():
+        found = ckpt.latest(checkpoint)
+        if found is None:
+            raise ValueError(f"--checkpoint {checkpoint}: neither a checkpoint folder nor an "
+                             "out_dir with checkpoints/step_*")
+        checkpoint = found
+    state = json.loads((checkpoint / "state.json").read_text())
+    spec = DrafterSpec.from_hf_config(state["drafter_config"])
+    weights = torch.load(checkpoint / "drafter.pt", map_location="cpu", weights_only=False)
+    model = DFlashDrafter(spec)
+    model.load_state_dict(weights["model"])
+    return save_drafter(model, out, dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    out = export_checkpoint(args.checkpoint, args.out, args.dtype)
+    log.info("exported %s -> %s", args.checkpoint, out)
+
+
+if __name__ == "__main__":
+    main()

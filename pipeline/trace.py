@@ -1,0 +1,48 @@
+"""A Chrome/Perfetto trace of per-actor spans over a window of steps.
+
+Open ``<out_dir>/trace.json`` in https://ui.perfetto.dev or chrome://tracing: one row per
+actor, with target forwards, slot waits (ready until a drafter took it), drafter
+forward/backward and optimizer steps (with the all-reduce inside them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.scheduler import StepReport
+
+
+class TraceRecorder:
+    def __init__(self, first: int, num_steps: int) -> None:
+        self.window = range(first, first + num_steps)
+        self.events: list[dict] = []
+
+    def _span(self, name: str, actor: str, start_s: float, dur_s: float, step: int) -> None:
+        self.events.append({"name": name, "ph": "X", "pid": actor, "tid": actor,
+                            "ts": start_s * 1e6, "dur": max(dur_s, 0.0) * 1e6,
+                            "args": {"step": step + 1}})
+
+    def add(self, report: StepReport) -> None:
+        if report.step not in self.window:
+            return
+        for target, meta in report.produced:
+            self._span("target forward", f"target{target}", meta.start_s, meta.busy_s,
+                       report.step)
+        for target, ready_at, taken_at in report.slot_waits:
+            self._span("slot wait", f"ring of target{target}", ready_at, taken_at - ready_at,
+                       report.step)
+        for m in report.micro:
+            self._span("drafter fwd+bwd", f"drafter{m.drafter}", m.start_s, m.busy_s,
+                       report.step)
+        for r in report.results:
+            self._span("optimizer step", f"drafter{r.drafter}", r.start_s, r.busy_s,
+                       report.step)
+            self._span("all-reduce", f"drafter{r.drafter}", r.reduce_start_s, r.reduce_s,
+                       report.step)
+
+    def write(self, path: Path) -> Path | None:
+        if not self.events:
+            return None
+        path.write_text(json.dumps({"traceEvents": self.events, "displayTimeUnit": "ms"}))
+        return path
