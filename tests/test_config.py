@@ -1,0 +1,75 @@
+"""Config groups and presets compose; mistakes stop the job before any actor starts."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from pipeline.compose import CONF_DIR, compose_job
+from pipeline.driver import Driver
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
+def test_every_preset_composes(name):
+    job = compose_job(config_name=name)
+    assert job.train.lr > 0 and job.cluster.num_drafters >= 1
+
+
+def test_qwen3_8b_preset_is_the_published_recipe():
+    job = compose_job(config_name="qwen3_8b")
+    d = job.drafter
+    assert d.target_layer_ids == [1, 9, 17, 25, 33] and d.block_size == 16
+    assert d.num_layers == 5 and d.num_anchors == 512 and d.resolved_gamma() == 7.0
+    assert job.train.lr == 6e-4 and job.data.max_length == 3072
+
+
+def test_group_selection_and_overrides():
+    job = compose_job(["logger=wandb", "cluster=node8", "drafter.gamma=5.5"])
+    assert job.logger.kind == "wandb" and job.cluster.drafters_per_node == 7
+    assert job.drafter.gamma == 5.5
+
+
+@pytest.mark.parametrize("override,match", [
+    (["train.learning_rate=1"], "train.learning_rate"),     # unknown key
+    (["train.lr=fast"], "train.lr"),                        # wrong type
+])
+def test_unknown_key_and_wrong_type_name_the_key(override, match):
+    with pytest.raises(ConfigCompositionException, match=match):
+        compose_job(override)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("drafter.attention=xformers", r"drafter.attention='xformers'.*\['sdpa', 'flex'\]"),
+    ("cluster.device=tpu", r"cluster.device='tpu'.*\['auto', 'cpu', 'cuda'\]"),
+    ("train.warmup_ratio=1.5", r"train.warmup_ratio=1.5.*\[0, 1\)"),
+    ("data.on_bad_line=ignore", r"data.on_bad_line='ignore'.*\['error', 'skip'\]"),
+])
+def test_bad_values_name_the_key_and_allowed(override, match):
+    with pytest.raises(ValueError, match=match):
+        compose_job([override])
+
+
+@pytest.mark.parametrize("override,match", [
+    ("drafter.target_layer_ids=[1,40]", r"target_layer_ids=\[1, 40\].*allowed 0..7"),
+    ("drafter.mask_token_id=99999", r"drafter.mask_token_id=99999.*allowed 0..2047"),
+])
+def test_impossible_combinations_stop_before_ray(tiny_assets, override, match):
+    with pytest.raises(ValueError, match=match):
+        Driver(compose_job([override]))  # resolved in the constructor: no Ray, no actor
+
+
+def test_more_nodes_than_the_cluster_has(ray_cluster, tiny_assets):
+    # check_cluster runs before the first actor is started (Driver.run).
+    with pytest.raises(ValueError, match=r"cluster.num_nodes=3 .* 1 live node"):
+        Driver(compose_job(["cluster.num_nodes=3"])).run()
+
+
+def test_cfg_job_prints_the_resolved_config():
+    out = subprocess.run([sys.executable, "-m", "pipeline.train", "--cfg", "job",
+                          "drafter.num_layers=3"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert "num_layers: 3" in out and "drafters_per_node: 2" in out
