@@ -111,6 +111,8 @@ class LoggerConfig:
     project: str = "dflash"
     name: Optional[str] = None
     mode: str = "online"  # one of "online", "offline", "disabled"
+    # More wandb.init arguments, e.g. +logger.wandb_init.tags=[8b,ablation] or .group=sweep1.
+    wandb_init: dict[str, Any] = field(default_factory=dict)
     # Record a Chrome/Perfetto trace of per-actor spans for steps [trace_start, trace_start+n).
     trace_start: int = 2
     trace_steps: int = 5

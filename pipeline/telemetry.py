@@ -52,7 +52,7 @@ def _start_wandb(job: JobConfig, out_dir: Path, resumed: bool) -> Any:
     run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
     run = wandb.init(project=job.logger.project, name=job.logger.name, mode=job.logger.mode,
                      dir=str(out_dir), config=asdict(job), id=run_id,
-                     resume="allow" if run_id else None)
+                     resume="allow" if run_id else None, **job.logger.wandb_init)
     id_file.write_text(run.id)
     run.define_metric("trainer/step")
     for prefix in ("train/*", "perf/*", "eval/*"):
