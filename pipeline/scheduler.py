@@ -204,18 +204,23 @@ class StepLoop:
         elif p.kind == "micro":
             self.queued[p.info] -= 1
             self.steps[value.step].micro.append(value)
-            self._maybe_close(value.step)
+            self._close_completed()
         elif p.kind == "step":
             self.steps[p.info].results.append(value)
-            self._maybe_close(p.info)
+            self._close_completed()
         elif p.kind == "extra":
             p.info(value)
 
-    def _maybe_close(self, step: int) -> None:
-        state = self.steps[step]
-        if len(state.results) < len(self.t.drafters) or len(state.micro) < state.num_micro:
-            return
-        assert step == self.next_step_to_close, f"step {step} closed before {self.next_step_to_close}"
+    def _close_completed(self) -> None:
+        """Report completed steps in order (results of step s+1 may be seen before s's)."""
+        while self.next_step_to_close < self.num_steps:
+            step = self.next_step_to_close
+            state = self.steps[step]
+            if len(state.results) < len(self.t.drafters) or len(state.micro) < state.num_micro:
+                return
+            self._close(step, state)
+
+    def _close(self, step: int, state: _StepState) -> None:
         now = time.perf_counter()
         depth = state.depth_samples
         self.on_step(StepReport(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from pipeline.objective.loss import LossParts
 
 
@@ -73,9 +71,3 @@ def metrics_dict(totals: StepTotals, prefix: str = "train/") -> dict[str, float]
            f"{prefix}expected_tau": expected_acceptance(pos)}
     out.update({f"{prefix}accuracy_pos{k + 1:02d}": a for k, a in enumerate(pos)})
     return out
-
-
-def zero_parts(block_size: int, device: torch.device) -> LossParts:
-    z = torch.zeros((), device=device)
-    return LossParts(z, z, torch.zeros(block_size, device=device),
-                     torch.zeros(block_size, device=device))

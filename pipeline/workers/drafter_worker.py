@@ -7,6 +7,7 @@ optimizer step ``step``, which sums gradients and denominators over all replicas
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -70,10 +71,7 @@ class DrafterWorker:
         assert ready is not None and ready.sample_ids == batch.meta.sample_ids, (
             f"drafter {self.rank}: batch {batch.meta.sample_ids} does not match the loaded slot")
         start, t0 = time.time(), time.perf_counter()
-        numel = 1
-        for s in ready.shape:
-            numel *= s
-        feats = self.features[:numel].view(ready.shape)
+        feats = self.features[:math.prod(ready.shape)].view(ready.shape)
         parts = self.trainer.forward_backward(feats, batch.input_ids, batch.loss_mask,
                                               list(batch.meta.sample_ids), batch.meta.epoch)
         self._sync()
@@ -95,11 +93,12 @@ class DrafterWorker:
         self.trainer.take_totals()
         with torch.no_grad():
             checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
-        return StepResult(drafter=self.rank, step=step, denominator=denominator,
-                          grad_norm=norm, lr=lr, start_s=start, busy_s=time.perf_counter() - t0,
-                          reduce_start_s=timed.start, reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
-                          param_checksum=checksum, on_main_thread=on_main_thread(),
-                          cudagraph_skips=cudagraph_skips())
+        return StepResult(
+            drafter=self.rank, step=step, denominator=denominator, grad_norm=norm, lr=lr,
+            start_s=start, busy_s=time.perf_counter() - t0, reduce_start_s=timed.start,
+            reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
+            param_checksum=checksum, on_main_thread=on_main_thread(),
+            cudagraph_skips=cudagraph_skips())
 
     # -- outputs --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> str:
