@@ -74,3 +74,12 @@ def ray_session(request, ray_cluster):
     ray.cloudpickle.register_pickle_by_value(request.module)
     yield
     ray.cloudpickle.unregister_pickle_by_value(request.module)
+
+
+@pytest.fixture(scope="session")
+def small_train_file(tiny_assets, tmp_path_factory):
+    """The first 24 conversations of the demo data: enough for a few steps, fast to load."""
+    path = tmp_path_factory.mktemp("data") / "small.jsonl"
+    lines = open(tiny_assets.train_path).read().splitlines()[:24]
+    path.write_text("\n".join(lines) + "\n")
+    return path

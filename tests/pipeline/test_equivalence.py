@@ -20,9 +20,10 @@ def _weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, tiny_assets,
+def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, small_train_file,
                                                                tmp_path):
-    over = BASE + ["train.grad_accum=3", "data.micro_batch_size=1", "train.max_steps=2"]
+    over = BASE + ["train.grad_accum=3", "data.micro_batch_size=1", "train.max_steps=2",
+                   f"data.train_path={small_train_file}"]
     ray_job = compose_job(over + [f"train.out_dir={tmp_path / 'ray'}"])
     summary = Driver(ray_job).run()
     ref_job = compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"])

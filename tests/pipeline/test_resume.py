@@ -19,16 +19,15 @@ def _losses(out_dir):
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
-def test_resume_matches_an_uninterrupted_run(ray_cluster, tiny_assets, tmp_path):
+def test_resume_matches_an_uninterrupted_run(ray_cluster, small_train_file, tmp_path):
     n = 3
-    full = compose_job(BASE + [f"train.max_steps={2 * n}", f"train.out_dir={tmp_path / 'full'}"])
-    Driver(full).run()
+    base = BASE + [f"data.train_path={small_train_file}", f"train.max_steps={2 * n}"]
+    Driver(compose_job(base + [f"train.out_dir={tmp_path / 'full'}"])).run()
     part = tmp_path / "part"
-    first = Driver(compose_job(BASE + [f"train.max_steps={2 * n}", f"train.stop_at_step={n}",
+    first = Driver(compose_job(base + [f"train.stop_at_step={n}",
                                        f"train.out_dir={part}"])).run()
     assert first.checkpoints and ckpt.latest(part).name == f"step_{n:08d}"
-    resumed = Driver(compose_job(BASE + [f"train.max_steps={2 * n}", f"train.out_dir={part}",
-                                         "train.resume=auto"])).run()
+    resumed = Driver(compose_job(base + [f"train.out_dir={part}", "train.resume=auto"])).run()
     assert (resumed.first_step, resumed.end_step) == (n, 2 * n)
     want, got = _losses(tmp_path / "full"), _losses(part)
     assert sorted(got) == sorted(want) == list(range(1, 2 * n + 1))
@@ -40,10 +39,8 @@ def test_resume_matches_an_uninterrupted_run(ray_cluster, tiny_assets, tmp_path)
         torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
 
 
-def test_resume_onto_another_number_of_drafters(ray_cluster, tiny_assets, tmp_path):
-    subset = tmp_path / "subset.jsonl"
-    subset.write_text("\n".join(open(tiny_assets.train_path).read().splitlines()[:20]) + "\n")
-    over = BASE + [f"data.train_path={subset}", f"train.out_dir={tmp_path / 'run'}"]
+def test_resume_onto_another_number_of_drafters(ray_cluster, small_train_file, tmp_path):
+    over = BASE + [f"data.train_path={small_train_file}", f"train.out_dir={tmp_path / 'run'}"]
     first = Driver(compose_job(over + ["cluster.drafters_per_node=2", "train.max_steps=2"])).run()
     point = ckpt.read_point(ckpt.latest(tmp_path / "run"))
     assert point.step == 2 and point.samples_done == 2 * 2 * 2

@@ -21,7 +21,8 @@ def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
     config = json.loads((out / "export" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in rows if "train/loss" in r]
-    assert steps == [1, 2, 3, 4, 5, 6]
-    assert {"perf/drafter0_busy", "perf/drafter1_busy", "perf/target0_busy"} <= rows[-2].keys()
+    train = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert {"perf/drafter0_busy", "perf/drafter1_busy", "perf/target0_busy"} <= train[-1].keys()
+    assert [r["step"] for r in rows if "eval/tau" in r] == [0, 6]
     assert "done: 6 steps" in proc.stderr + proc.stdout

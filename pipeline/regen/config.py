@@ -1,0 +1,51 @@
+"""Options of ``python -m pipeline.regenerate``, checked before any actor starts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.validate import require, require_choice
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class RegenConfig:
+    input: str  # chat JSONL, OpenAI "messages" or ShareGPT "conversations" per line
+    output: str  # JSONL in "messages" form plus "source_line"; appended to when it exists
+    target: str = "builtin:tiny"  # HF model folder, or builtin:tiny (the embedded demo)
+    num_workers: int = 1  # generator actors; one GPU each on cuda
+    device: str = "auto"  # auto: cuda when the Ray cluster has GPUs
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    batch_size: int = 16  # conversations per generate call
+    max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
+    on_bad_line: str = "error"  # a malformed input line stops the job, or is skipped
+    format: str = "auto"  # per line, or forced: one of FORMATS
+    # Batches queued per worker: one computing, the next already waiting, so a worker never
+    # idles while the driver writes results.
+    in_flight_per_worker: int = 2
+    cpus_per_worker: float = 1.0
+    ray_address: Optional[str] = None  # None: $RAY_ADDRESS, else a private local cluster
+
+    def __post_init__(self) -> None:
+        require(bool(self.input) and os.path.isfile(self.input), "--input", self.input,
+                "an existing JSONL file")
+        require(bool(self.output) and os.path.abspath(self.output)
+                != os.path.abspath(self.input), "--output", self.output,
+                "a path other than --input")
+        require(bool(self.target), "--target", self.target, "a model folder or builtin:tiny")
+        for flag, value in (("--num-workers", self.num_workers),
+                            ("--batch-size", self.batch_size),
+                            ("--max-new-tokens", self.max_new_tokens),
+                            ("--in-flight-per-worker", self.in_flight_per_worker)):
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            require(ok, flag, value, "an integer >= 1")
+        require(self.cpus_per_worker > 0, "--cpus-per-worker", self.cpus_per_worker, "> 0")
+        require_choice("--device", self.device, DEVICES)
+        require_choice("--dtype", self.dtype, DTYPES)
+        require_choice("--on-bad-line", self.on_bad_line, ON_BAD_LINE)
+        require_choice("--format", self.format, FORMATS)

@@ -1,0 +1,95 @@
+"""Batched greedy decoding of whole conversations, turn by turn.
+
+Multi-turn choice: every assistant turn is regenerated, in order, and later prompts see the
+*regenerated* earlier answers, so each training sample is a conversation the target itself
+could have had. A batch of conversations is decoded in rounds: round ``k`` generates the
+``k``-th assistant turn of every conversation that has one, all in one left-padded call.
+System and user turns, and anything after the last assistant turn, are kept verbatim.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from pipeline.regen.messages import GenRequest, Message, TurnResult
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Tokens that end a turn: the generation config's eos (Qwen3 lists two) and the tokenizer's."""
+    configured = model.generation_config.eos_token_id
+    ids = list(configured) if isinstance(configured, (list, tuple)) else [configured]
+    ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def greedy_config(stops: Sequence[int], pad_id: int, max_new_tokens: int) -> GenerationConfig:
+    """A clean greedy config: the target's own sampling defaults (temperature, top_p) are not
+    wanted here, and leaving them set only makes generate() warn that they are ignored."""
+    return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                            eos_token_id=list(stops), pad_token_id=pad_id)
+
+
+def render_prompt(tokenizer, messages: Sequence[Message]) -> str:
+    """The conversation so far, ending with the header of the assistant turn to generate."""
+    return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+@torch.no_grad()
+def greedy_batch(model, tokenizer, prompts: Sequence[str], config: GenerationConfig,
+                 stops: Sequence[int]) -> list[TurnResult]:
+    """Greedy answers to rendered prompts, in one left-padded ``generate`` call.
+
+    Left padding puts every row's first new token in the same column; HF derives position
+    ids from the attention mask, so the padding changes neither positions nor attention.
+    The template already holds any BOS, hence ``add_special_tokens=False``.
+    """
+    assert tokenizer.padding_side == "left", "right padding would put pads inside the answers"
+    enc = tokenizer(list(prompts), add_special_tokens=False, padding=True, return_tensors="pt")
+    enc = enc.to(model.device)
+    out = model.generate(**enc, generation_config=config)
+    rows = out[:, enc["input_ids"].shape[1]:].tolist()
+    return [cut_at_stop(tokenizer, row, stops) for row in rows]
+
+
+def cut_at_stop(tokenizer, row: Sequence[int], stops: Sequence[int]) -> TurnResult:
+    """The answer up to its first stop token; what follows it in the row is padding."""
+    stop_at = next((j for j, token in enumerate(row) if token in stops), None)
+    ids = list(row if stop_at is None else row[:stop_at])
+    # Special tokens are kept in the text so that re-tokenizing gives them back.
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return TurnResult(text=text, num_tokens=len(ids), finished=stop_at is not None)
+
+
+def assistant_positions(messages: Sequence[Message]) -> list[int]:
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+
+
+def regenerate_batch(model, tokenizer, requests: Sequence[GenRequest],
+                     config: GenerationConfig, stops: Sequence[int]
+                     ) -> list[tuple[list[Message], list[TurnResult]]]:
+    """Each request's conversation with its assistant turns regenerated, round by round."""
+    convs = [[dict(m) for m in r.messages] for r in requests]
+    positions = [assistant_positions(c) for c in convs]
+    turns: list[list[TurnResult]] = [[] for _ in requests]
+    for depth in range(max((len(p) for p in positions), default=0)):
+        todo = [(i, p[depth]) for i, p in enumerate(positions) if depth < len(p)]
+        prompts = [render_prompt(tokenizer, convs[i][:pos]) for i, pos in todo]
+        for (i, pos), turn in zip(todo, greedy_batch(model, tokenizer, prompts, config, stops)):
+            convs[i][pos] = {"role": "assistant", "content": turn.text}
+            turns[i].append(turn)
+    return list(zip(convs, turns))
+
+
+def ensure_pad_token(tokenizer) -> int:
+    """The pad id for batching; tokenizers without one (Llama) pad with their eos, which is
+    harmless: everything from a row's first stop token on is cut off anyway."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the target's tokenizer has neither a pad nor an eos token: "
+                             "cannot left-pad a batch or tell where a turn ends")
+        tokenizer.pad_token = tokenizer.eos_token
+    return int(tokenizer.pad_token_id)

@@ -1,0 +1,48 @@
+"""Lines done of the input: a tqdm bar on a terminal, a log line every so often elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+
+class LineProgress:
+    """Counts input lines handled: written now, found already written, or skipped as bad."""
+
+    def __init__(self, total: int, resumed: int, skipped_bad: int,
+                 log_every_s: float = 30.0) -> None:
+        initial = resumed + skipped_bad
+        self.total = total
+        self.done = self.first = initial
+        self.skipped_bad = skipped_bad
+        self.log_every_s = log_every_s
+        self.started = self.last_log = time.perf_counter()
+        # Under `ray job submit` or CI a bar's carriage returns clutter the log: log instead.
+        self.bar = tqdm(total=total, initial=initial, unit="line", dynamic_ncols=True,
+                        desc="regenerate", disable=not sys.stderr.isatty())
+
+    def advance(self, written: int, skipped_bad: int) -> None:
+        """``written`` more lines, and the reader's running count of skipped bad lines."""
+        lines = written + skipped_bad - self.skipped_bad
+        self.skipped_bad = skipped_bad
+        if lines == 0:
+            return
+        self.done += lines
+        self.bar.update(lines)
+        self.bar.set_postfix(skipped=skipped_bad, refresh=False)
+        now = time.perf_counter()
+        if self.bar.disable and (now - self.last_log >= self.log_every_s
+                                 or self.done >= self.total):
+            self.last_log = now
+            rate = (self.done - self.first) / max(now - self.started, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            log.info("regenerate: %d/%d lines, %.2f lines/s, eta %.0fs, skipped %d",
+                     self.done, self.total, rate, eta, skipped_bad)
+
+    def close(self) -> None:
+        self.bar.close()

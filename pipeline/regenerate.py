@@ -1,0 +1,80 @@
+"""Rewrite a chat file's assistant turns with the target's own greedy (T=0) answers.
+
+    python -m pipeline.regenerate --input chats.jsonl --output regen.jsonl --target builtin:tiny
+    python -m pipeline.regenerate --input sharegpt.jsonl --output regen.jsonl \\
+        --target /models/Qwen3-8B --num-workers 8 --device cuda --max-new-tokens 2048 \\
+        --on-bad-line skip
+    ray job submit --address http://HEAD:8265 --working-dir . \\
+        --runtime-env launch/runtime_env.yaml -- python -m pipeline.regenerate ...
+
+Every assistant turn is regenerated in order, each from the conversation so far (earlier
+assistant turns already regenerated); system and user turns are kept. The output has one
+record per good input line, in input order: ``{"messages": [...], "source_line": <0-based
+input line>, "regen": {"num_tokens": [...], "finished": [...]}}``. Rerunning with the same
+arguments resumes: complete records are kept (a half-written last line is cut off) and the
+rest is appended. Work is spread over ``--num-workers`` Ray actors, one GPU each on cuda.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from typing import Optional, Sequence
+
+from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.regen.config import DEVICES, DTYPES, RegenConfig
+from pipeline.regen.runner import execute, prepare
+
+# One source of defaults: the flags show RegenConfig's.
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RegenConfig)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.regenerate",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--input", required=True, help="chat JSONL (messages or ShareGPT)")
+    p.add_argument("--output", required=True, help="JSONL to write, or to resume")
+    p.add_argument("--target", default=_DEFAULTS["target"],
+                   help="HF model folder, or builtin:tiny")
+    p.add_argument("--num-workers", type=int, default=_DEFAULTS["num_workers"],
+                   help="generator actors, one GPU each on cuda")
+    p.add_argument("--device", choices=DEVICES, default=_DEFAULTS["device"],
+                   help="auto: cuda when the Ray cluster has GPUs")
+    p.add_argument("--dtype", choices=DTYPES, default=_DEFAULTS["dtype"],
+                   help="auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--batch-size", type=int, default=_DEFAULTS["batch_size"],
+                   help="conversations per generate call")
+    p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
+                   help="per assistant turn")
+    p.add_argument("--on-bad-line", choices=ON_BAD_LINE, default=_DEFAULTS["on_bad_line"],
+                   help="stop at a malformed line, or count and leave it out")
+    p.add_argument("--format", choices=FORMATS, default=_DEFAULTS["format"],
+                   help="input line format; auto decides per line")
+    p.add_argument("--in-flight-per-worker", type=int,
+                   default=_DEFAULTS["in_flight_per_worker"], help="batches queued per actor")
+    p.add_argument("--cpus-per-worker", type=float, default=_DEFAULTS["cpus_per_worker"],
+                   help="Ray CPUs per actor")
+    p.add_argument("--ray-address", default=None, help="default: $RAY_ADDRESS, else local")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        # User mistakes (flags, bad input lines, a foreign output file) surface here, before
+        # any actor starts, and are reported without a traceback.
+        plan = prepare(RegenConfig(**args))
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    summary = execute(plan)
+    print(f"regenerate: {summary.line()} -> {plan.cfg.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""A generator worker: the target on one device, answering conversations greedily.
+
+A plain class: :mod:`pipeline.regen.runner` applies ``ray.remote`` (one actor per GPU), and
+tests build it directly on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pipeline.regen.greedy import (ensure_pad_token, greedy_config, regenerate_batch,
+                                   stop_token_ids)
+from pipeline.regen.messages import GenRequest, GenResult
+from pipeline.workers.common import actor_device, on_main_thread
+
+log = logging.getLogger(__name__)
+
+
+class GeneratorWorker:
+    def __init__(self, rank: int, target_path: str, device: str, dtype: torch.dtype,
+                 max_new_tokens: int) -> None:
+        self.rank = rank
+        self.device = actor_device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(target_path)
+        # Left padding: every row's answer then starts in the same column of the batch.
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
+        self.model.to(self.device).eval()
+        self.stops = stop_token_ids(self.model, self.tokenizer)
+        pad_id = ensure_pad_token(self.tokenizer)
+        self.config = greedy_config(self.stops, pad_id, max_new_tokens)
+        log.info("generator %d: %s on %s (%s), stop ids %s", rank, target_path, self.device,
+                 dtype, self.stops)
+
+    def generate(self, batch: Sequence[GenRequest]) -> list[GenResult]:
+        """Every assistant turn of every conversation in ``batch`` regenerated, in order."""
+        done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops)
+        main = on_main_thread()
+        return [GenResult(line_index=r.line_index, messages=tuple(messages),
+                          turns=tuple(turns), on_main_thread=main)
+                for r, (messages, turns) in zip(batch, done)]

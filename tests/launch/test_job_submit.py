@@ -1,0 +1,162 @@
+"""End to end through Ray's job server: a real `ray start --head` with token authentication,
+then `launch/submit.sh` (that is, the `ray job submit` CLI) running `python -m pipeline.train`.
+
+The head is private to this module: its own ports, its own --temp-dir (so in-process
+`ray.init()` of other tests never finds it), and its environment is passed to subprocesses
+only, never set in os.environ. Teardown kills exactly the head's processes (its process group
+and their children), by pid: `ray stop --force` would kill every Ray process on the machine,
+including other tests' and other users' clusters.
+"""
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBMIT = ROOT / "launch" / "submit.sh"
+BIN = Path(sys.executable).parent  # the venv: `ray` here, and `python` for the job's entrypoint
+# Settings of the caller's shell that must not steer the private head or the CLI towards
+# another cluster or another token.
+_CLEARED = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
+            "RAY_AUTH_TOKEN_PATH")
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc to stop the head it started")]
+
+
+@dataclass
+class Head:
+    dashboard: str  # the job server's address, http://127.0.0.1:PORT
+    env: dict[str, str]  # what a client needs: PATH to the venv and the cluster's token
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group), from /proc."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            except OSError:
+                continue  # exited meanwhile
+            table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _kill_process_group(pgid: int) -> None:
+    """SIGKILL every process of ``pgid`` and all their descendants (workers, job drivers)."""
+    for _ in range(3):  # again, for anything spawned while a pass ran
+        table = _processes()
+        doomed = {pid for pid, (_, group) in table.items() if group == pgid}
+        grew = True
+        while grew:
+            more = {pid for pid, (ppid, _) in table.items() if ppid in doomed} - doomed
+            doomed |= more
+            grew = bool(more)
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not doomed:
+            return
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A one-node Ray head started by the CLI, with token authentication on."""
+    caller_env = {k: os.environ.get(k) for k in _CLEARED}
+    gcs, dash, agent_http, agent_grpc, env_agent, metrics, client = _free_ports(7)
+    temp_dir = tempfile.mkdtemp(prefix="dfl-ray-")  # short: Ray's socket paths must fit
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # Ray 2.60 turns token authentication on for a head started while a token is at hand.
+    env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    cmd = [str(BIN / "ray"), "start", "--head", f"--port={gcs}", f"--dashboard-port={dash}",
+           "--num-cpus=4", "--include-dashboard=true", "--disable-usage-stats",
+           f"--temp-dir={temp_dir}", f"--dashboard-agent-listen-port={agent_http}",
+           f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={env_agent}",
+           f"--metrics-export-port={metrics}", f"--ray-client-server-port={client}"]
+    # Its own session: every process of the cluster inherits this process group.
+    proc = subprocess.Popen(cmd, env=env, cwd=temp_dir, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out[-3000:]
+        assert "Token authentication is enabled" in out, out[-3000:]
+        yield Head(f"http://127.0.0.1:{dash}", env)
+    finally:
+        proc.kill()
+        _kill_process_group(proc.pid)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    # Nothing leaked into this process: other tests' ray.init() must start their own cluster.
+    assert {k: os.environ.get(k) for k in _CLEARED} == caller_env
+
+
+def _ray(head: Head, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    # Ray's job CLI sends the token only in token mode, which it is not in by default.
+    env = dict(head.env, RAY_AUTH_MODE="token")
+    return subprocess.run([str(BIN / "ray"), *args, "--address", head.dashboard],
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _submit(head: Head, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SUBMIT), "--address", head.dashboard, *args],
+                          env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+def test_submit_without_the_token_is_refused(ray_head):
+    """A wrong token is rejected (403), and so is none at all (401), before anything runs."""
+    wrong = dict(ray_head.env, RAY_AUTH_TOKEN=secrets.token_hex(32))
+    proc = _submit(ray_head, wrong, "--no-wait", "--", "train.max_steps=1")
+    assert proc.returncode != 0
+    assert "Invalid authentication token" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    no_token = dict(ray_head.env, RAY_AUTH_MODE="disabled")
+    no_token.pop("RAY_AUTH_TOKEN")
+    proc = _submit(ray_head, no_token, "--no-wait", "--", "train.max_steps=1")
+    assert proc.returncode != 0
+    assert "Missing authentication token" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+
+
+def test_submit_runs_training_on_the_cluster(ray_head, tiny_assets, tmp_path):
+    """With RAY_AUTH_TOKEN alone in the environment (no RAY_AUTH_MODE), as a user would."""
+    out = tmp_path / "run"
+    proc = _submit(ray_head, ray_head.env, "--env", f"DFLASH_ASSETS_DIR={tiny_assets.root}",
+                   "--", "train.max_steps=3", "train.eval_prompts=1",
+                   "train.eval_max_new_tokens=4", "cluster.drafters_per_node=2",
+                   f"train.out_dir={out}", "cluster.address=auto")
+    logs = proc.stdout + proc.stderr
+    assert proc.returncode == 0, logs[-5000:]
+    job_id = re.search(r"raysubmit_\w+", logs).group(0)
+    status = _ray(ray_head, "job", "status", job_id)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", status.stdout)  # without the colours
+    assert status.returncode == 0 and f"Job '{job_id}' succeeded" in plain, plain + status.stderr
+    assert "done: 3 steps" in logs
+    assert (out / "export" / "model.safetensors").exists()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]

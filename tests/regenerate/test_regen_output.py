@@ -1,0 +1,74 @@
+"""The output file's resume scan and the options' checks: no model, no Ray."""
+
+import json
+
+import pytest
+
+from pipeline.regen.config import RegenConfig
+from pipeline.regen.messages import GenResult, TurnResult
+from pipeline.regen.output import format_record, resume_output
+
+
+def _record(line, text="answer"):
+    result = GenResult(line, ({"role": "user", "content": "q"},
+                              {"role": "assistant", "content": text}),
+                       (TurnResult(text, 3, True),), on_main_thread=True)
+    return format_record(result)
+
+
+def test_missing_output_resumes_from_nothing(tmp_path):
+    assert resume_output(str(tmp_path / "none.jsonl")) == []
+
+
+def test_partial_last_line_is_cut_off(tmp_path):
+    path = tmp_path / "out.jsonl"
+    whole = _record(0) + _record(3)
+    path.write_text(whole + _record(4)[:17], encoding="utf-8")
+    assert resume_output(str(path)) == [0, 3]
+    assert path.read_text(encoding="utf-8") == whole
+
+
+def test_line_separators_inside_strings_are_not_line_ends(tmp_path):
+    # ensure_ascii=False leaves U+2028 raw; str.splitlines would split the record there.
+    path = tmp_path / "out.jsonl"
+    path.write_text(_record(0, "a\u2028b\x1cc") + _record(1), encoding="utf-8")
+    assert resume_output(str(path)) == [0, 1]
+    assert json.loads(path.read_text(encoding="utf-8").split("\n")[0])["messages"][1][
+        "content"] == "a\u2028b\x1cc"
+
+
+@pytest.mark.parametrize("line", ["not json", json.dumps({"messages": []})])
+def test_foreign_output_is_an_error_and_left_alone(tmp_path, line):
+    path = tmp_path / "out.jsonl"
+    text = _record(0) + line + "\n" + "partial"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"{path}:2: "):
+        resume_output(str(path))
+    assert path.read_text() == text
+
+
+def test_record_is_openai_messages_plus_source_line():
+    record = json.loads(_record(7))
+    assert record["source_line"] == 7
+    assert record["messages"][1] == {"role": "assistant", "content": "answer"}
+    assert record["regen"] == {"num_tokens": [3], "finished": [True]}
+
+
+@pytest.mark.parametrize("override, flag", [
+    ({"batch_size": 0}, "--batch-size=0"), ({"num_workers": True}, "--num-workers=True"),
+    ({"device": "tpu"}, "--device='tpu'"), ({"on_bad_line": "warn"}, "--on-bad-line='warn'"),
+    ({"format": "csv"}, "--format='csv'"), ({"dtype": "int8"}, "--dtype='int8'")])
+def test_bad_option_names_the_flag(tmp_path, override, flag):
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    with pytest.raises(ValueError, match=f"{flag} is not allowed"):
+        RegenConfig(input=str(src), output=str(tmp_path / "out.jsonl"), **override)
+
+
+def test_missing_input_and_output_onto_input(tmp_path):
+    with pytest.raises(ValueError, match="--input="):
+        RegenConfig(input=str(tmp_path / "nope.jsonl"), output=str(tmp_path / "o.jsonl"))
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    with pytest.raises(ValueError, match="--output="):
+        RegenConfig(input=str(src), output=str(src))
