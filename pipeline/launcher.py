@@ -17,7 +17,6 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-import pipeline
 from pipeline.config import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,9 @@ _PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DI
 
 
 def actor_env() -> dict[str, str]:
-    root = str(Path(pipeline.__file__).resolve().parent.parent)
+    # This file's location, not pipeline.__file__: a namespace package named "pipeline" (e.g.
+    # tests/pipeline under plain `pytest`) has no __file__.
+    root = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     env = {"PYTHONPATH": path}
     env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
