@@ -56,6 +56,7 @@ class Driver:
         self.out_dir = Path(job.train.out_dir)
         self.resume_from = ckpt.resolve_resume(job.train.resume, self.out_dir)
         self.resume = ckpt.read_point(self.resume_from) if self.resume_from else None
+        self._heldout: Optional[list[list[int]]] = None
 
     def run(self) -> RunSummary:
         job = self.job
@@ -129,19 +130,14 @@ class Driver:
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
 
-        def after_step(step: int):
-            if not self._checkpoint_due(step + 1, stop):
-                return None
-            staging = ckpt.staging_dir(self.out_dir, step + 1)
-            ref = actors.drafters[0].save_checkpoint.remote(str(staging))
-            point = cursor.after(step)
-
-            def done(_path: str) -> None:
-                final = ckpt.finalize(staging, point, {"drafter_config": self.r.spec.hf_config,
-                                                       "job": asdict(self.job)})
-                summary.checkpoints.append(str(final))
-                log.info("checkpoint %s", final)
-            return ref, done
+        def after_step(step: int) -> list:
+            calls = []
+            every = self.job.train.eval_every
+            if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
+                calls.append(self._evaluate_async(actors, metrics, step + 1))
+            if self._checkpoint_due(step + 1, stop):
+                calls.append(self._save_async(actors, cursor, summary, step))
+            return calls
 
         topo = Topology(actors.prefetcher, actors.targets, actors.drafters, actors.target_node,
                         actors.drafter_node, self.job.cluster.num_slots)
@@ -153,6 +149,26 @@ class Driver:
             if written:
                 log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
                          self.job.logger.trace_start + self.job.logger.trace_steps, written)
+
+    def _save_async(self, actors: Actors, cursor: "Cursor", summary: RunSummary, step: int):
+        """Queue a checkpoint on drafter rank 0 right behind step ``step``."""
+        staging = ckpt.staging_dir(self.out_dir, step + 1)
+        ref = actors.drafters[0].save_checkpoint.remote(str(staging))
+        point = cursor.after(step)
+
+        def done(_path: str) -> None:
+            final = ckpt.finalize(staging, point, {"drafter_config": self.r.spec.hf_config,
+                                                   "job": asdict(self.job)})
+            summary.checkpoints.append(str(final))
+            log.info("checkpoint %s", final)
+        return ref, done
+
+    def _evaluate_async(self, actors: Actors, metrics: MetricsLogger, step: int):
+        """Queue a tau evaluation of the weights after ``step`` on drafter rank 0."""
+        def done(tau: float) -> None:
+            metrics.log({"eval/tau": tau, "trainer/step": step}, step)
+            log.info("tau at step %d: %.3f", step, tau)
+        return self._tau_ref(actors), done
 
     def _stop_step(self, plan: PlanSummary) -> int:
         stop = self.job.train.stop_at_step
@@ -176,17 +192,26 @@ class Driver:
                   label: str) -> Optional[float]:
         if self.job.train.eval_every < 0 or self.job.train.eval_prompts == 0:
             return None
-        from transformers import AutoTokenizer
-
-        from pipeline.eval.tau import heldout_prompts
-
-        tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
-        prompts = heldout_prompts(self.r.heldout_path, tokenizer, self.job.train.eval_prompts)
-        tau = ray.get(actors.drafters[0].evaluate_tau.remote(
-            prompts, self.job.train.eval_max_new_tokens, self.r.eos_token_id))
+        tau = ray.get(self._tau_ref(actors))
         metrics.log({"eval/tau": tau, "trainer/step": step}, step)
-        log.info("tau %s training: %.3f on %d held-out prompts", label, tau, len(prompts))
+        log.info("tau %s training: %.3f on %d held-out prompts", label, tau,
+                 len(self._prompts()))
         return tau
+
+    def _prompts(self) -> list[list[int]]:
+        if self._heldout is None:
+            from transformers import AutoTokenizer
+
+            from pipeline.eval.tau import heldout_prompts
+
+            tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
+            self._heldout = heldout_prompts(self.r.heldout_path, tokenizer,
+                                            self.job.train.eval_prompts)
+        return self._heldout
+
+    def _tau_ref(self, actors: Actors):
+        return actors.drafters[0].evaluate_tau.remote(
+            self._prompts(), self.job.train.eval_max_new_tokens, self.r.eos_token_id)
 
 
 class Cursor:

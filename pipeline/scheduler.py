@@ -72,10 +72,11 @@ class _StepState:
 class StepLoop:
     def __init__(self, topo: Topology, end_step: int, first_step: int = 0,
                  on_step: Optional[Callable[[StepReport], None]] = None,
-                 after_step_call: Optional[Callable[[int], Optional[tuple[Any, Callable]]]] = None,
+                 after_step_call: Optional[Callable[[int], list[tuple[Any, Callable]]]] = None,
                  max_queued_per_drafter: int = 2) -> None:
-        """``after_step_call(step)`` may return (ref, callback): a call the driver queued on a
-        drafter right behind step ``step`` (a checkpoint save), and what to do once it is done.
+        """``after_step_call(step)`` returns (ref, callback) pairs: calls the driver queued on a
+        drafter right behind step ``step`` (a checkpoint save, a tau evaluation), and what to
+        do once each is done.
         """
         self.t = topo
         self.num_steps = end_step
@@ -177,9 +178,8 @@ class StepLoop:
         """Every micro-batch of ``step`` is handed out: the step boundary goes to all drafters."""
         for handle in self.t.drafters:
             self.pending[handle.step.remote(step)] = _Pending("step", step)
-        extra = self.after_step_call(step) if self.after_step_call else None
-        if extra is not None:
-            self.pending[extra[0]] = _Pending("extra", extra[1])
+        for ref, callback in (self.after_step_call(step) if self.after_step_call else []):
+            self.pending[ref] = _Pending("extra", callback)
         self.dispatch_step += 1
 
     # -- completions ------------------------------------------------------------------------

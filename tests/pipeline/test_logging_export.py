@@ -59,7 +59,7 @@ def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monk
     out = tmp_path / "run"
     job = compose_job(["logger=wandb", "logger.mode=offline", "train.max_steps=4",
                        "logger.trace_start=1", "logger.trace_steps=2", "train.eval_prompts=2",
-                       "train.eval_max_new_tokens=8", "train.export_dtype=float32",
+                       "train.eval_max_new_tokens=8", "train.export_dtype=float32", "train.eval_every=2",
                        "cluster.cpus_per_actor=0.5", f"train.out_dir={out}"])
     summary = Driver(job).run()
 
@@ -74,8 +74,9 @@ def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monk
                 "perf/drafter1_busy", "perf/slot_wait_s", "perf/ready_queue_depth",
                 "perf/drafter0_max_mem_gb"):
         assert key in train[-1], key
-    assert [r["eval/tau"] for r in rows if "eval/tau" in r] == [summary.tau_before,
-                                                                summary.tau_after]
+    evals = [r for r in rows if "eval/tau" in r]
+    assert [r["trainer/step"] for r in evals] == [0, 2, 4]  # before, periodic, after
+    assert evals[0]["eval/tau"] == summary.tau_before and evals[-1]["eval/tau"] == summary.tau_after
 
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]
     names = {e["name"] for e in trace}
