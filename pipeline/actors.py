@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,19 +16,6 @@ from pipeline.workers.prefetcher import PlanSummary
 from pipeline.workers.target_worker import TargetWorker
 
 log = logging.getLogger(__name__)
-
-
-def init_ray(job: JobConfig) -> None:
-    if ray.is_initialized():
-        return
-    address = job.cluster.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-        return
-    # A private local cluster: logical CPUs enough for every actor even on a 2-core laptop.
-    c = job.cluster
-    need = (c.targets_per_node + c.drafters_per_node) * c.cpus_per_actor + 1
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False)
 
 
 @dataclass

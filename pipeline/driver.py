@@ -12,9 +12,9 @@ import ray
 
 from pipeline import checkpoint as ckpt
 from pipeline.accounting import EpochAccount, SampleAccounting
-from pipeline.actors import Actors, connect, init_ray, shutdown, start_actors
+from pipeline.actors import Actors, connect, shutdown, start_actors
 from pipeline.config import JobConfig
-from pipeline.launcher import check_cluster, start_actor
+from pipeline.launcher import check_cluster, init_ray, start_actor
 from pipeline.progress import Progress
 from pipeline.report import step_metrics
 from pipeline.resolve import resolve_job
@@ -61,7 +61,8 @@ class Driver:
     def run(self) -> RunSummary:
         job = self.job
         t_start = time.perf_counter()
-        init_ray(job)
+        c = job.cluster
+        init_ray(c.address, (c.targets_per_node + c.drafters_per_node) * c.cpus_per_actor + 1)
         check_cluster(job.cluster, self.r.device)
         actors = Actors(None, [], [], [], [], [])
         try:

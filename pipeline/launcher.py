@@ -8,10 +8,11 @@ not cross nodes). Groups are sorted by node id, so ranks are node-contiguous.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table
@@ -35,6 +36,23 @@ def actor_env() -> dict[str, str]:
     env = {"PYTHONPATH": path}
     env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
     return env
+
+
+def init_ray(address: Optional[str], cpus_needed: float) -> bool:
+    """Join ``address`` (or $RAY_ADDRESS), else start a private local cluster.
+
+    A local cluster gets logical CPUs enough for every actor, even on a 2-core laptop.
+    Returns True when this call initialised Ray (the caller may shut it down).
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+                 include_dashboard=False)
+    return True
 
 
 def check_cluster(cfg: ClusterConfig, device: str) -> None:

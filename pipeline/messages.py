@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.data.batching import attention_mask
+
 
 @dataclass(frozen=True)
 class MicroBatchMeta:
@@ -31,8 +33,7 @@ class MicroBatch:
     lengths: torch.Tensor    # [N] int64
 
     def attention_mask(self) -> torch.Tensor:
-        s = self.input_ids.shape[1]
-        return (torch.arange(s)[None] < self.lengths[:, None]).long()
+        return attention_mask(self.lengths, self.input_ids.shape[1])
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,8 @@ from typing import Optional
 import torch
 
 from pipeline.config import JobConfig
+from pipeline.dtypes import resolve_dtype
 from pipeline.model.config import DrafterSpec, build_drafter_spec
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -49,10 +48,7 @@ def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     target_config = AutoConfig.from_pretrained(target_path).to_dict()
     spec = build_drafter_spec(target_config, job.drafter, tokenizer.mask_token_id)
-    if job.target.dtype == "auto":
-        target_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    else:
-        target_dtype = _DTYPES[job.target.dtype]
+    target_dtype = resolve_dtype(job.target.dtype, device)
     precision = job.train.precision
     if precision == "auto":
         precision = "bf16" if device == "cuda" else "fp32"

@@ -15,11 +15,11 @@ from typing import Union
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.dtypes import DTYPES
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 
 PathLike = Union[str, os.PathLike]
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def drafter_state_dict(model: DFlashDrafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -30,13 +30,13 @@ def drafter_state_dict(model: DFlashDrafter, dtype: torch.dtype) -> dict[str, to
 
 def save_drafter(model: DFlashDrafter, out_dir: PathLike, dtype: str = "bfloat16") -> Path:
     """Write config.json + model.safetensors into ``out_dir`` (created if needed)."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"export dtype={dtype!r} is not allowed: expected one of {list(_DTYPES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"export dtype={dtype!r} is not allowed: expected one of {list(DTYPES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = dict(model.spec.hf_config, torch_dtype=dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(drafter_state_dict(model, _DTYPES[dtype]), str(out / "model.safetensors"),
+    save_file(drafter_state_dict(model, DTYPES[dtype]), str(out / "model.safetensors"),
               metadata={"format": "pt"})
     return out
 

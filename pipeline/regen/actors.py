@@ -1,6 +1,7 @@
 """The generator actors: Ray start-up, placement by resource, and in-order dispatch.
 
-``ray.remote`` is applied here to the plain :class:`GeneratorWorker`. Generators need no
+``ray.remote`` is applied here to the plain :class:`GeneratorWorker` (launcher.start_actor
+asks for a GPU only inside a placement group). Generators need no
 placement groups or rendezvous (they never talk to each other), so each simply asks Ray for
 one GPU on cuda and lands wherever one is free.
 """
@@ -9,43 +10,22 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
-import os
-from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 import ray
 import torch
 
+from pipeline import launcher
+from pipeline.dtypes import resolve_dtype
 from pipeline.regen.config import RegenConfig
 from pipeline.regen.messages import GenRequest, GenResult
 from pipeline.workers.generator import GeneratorWorker
 
 log = logging.getLogger(__name__)
 
-# The folder holding the ``pipeline`` package. Derived from this file, not from
-# ``pipeline.__file__``: under the ``pytest`` script ``tests/`` comes first on sys.path and
-# ``pipeline`` is then the namespace package ``tests/pipeline`` (its __file__ is None).
-_ROOT = str(Path(__file__).resolve().parents[2])
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def init_ray(cfg: RegenConfig) -> bool:
-    """Connect to Ray (given address, ``$RAY_ADDRESS``, or a private local cluster).
-
-    Returns True when this call started Ray, so the caller knows it should shut it down.
-    """
-    if ray.is_initialized():
-        return False
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-        return True
-    # Logical CPUs enough for every actor, even on a 2-core laptop.
-    need = math.ceil(cfg.num_workers * cfg.cpus_per_worker) + 1
-    ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False)
-    return True
+    """Connect to Ray; True when this call started it, so the caller shuts it down."""
+    return launcher.init_ray(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
 
 
 def pick_device(cfg: RegenConfig) -> str:
@@ -60,26 +40,14 @@ def pick_device(cfg: RegenConfig) -> str:
 
 
 def pick_dtype(cfg: RegenConfig, device: str) -> torch.dtype:
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
-    return _DTYPES[cfg.dtype]
-
-
-def _actor_env() -> dict[str, str]:
-    """Our package on the actors' path, wherever Ray starts them with a fresh environment.
-
-    Generators never talk to each other, so the NCCL settings the training actors get
-    (pipeline.launcher.actor_env) do not matter here.
-    """
-    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path}
+    return resolve_dtype(cfg.dtype, device)
 
 
 def start_generators(cfg: RegenConfig, target_path: str, device: str,
                      dtype: torch.dtype) -> list[Any]:
     """``cfg.num_workers`` plain actors (methods on their main thread), one GPU each on cuda."""
     options: dict[str, Any] = {"num_cpus": cfg.cpus_per_worker,
-                               "runtime_env": {"env_vars": _actor_env()}}
+                               "runtime_env": {"env_vars": launcher.actor_env()}}
     if device == "cuda":
         options["num_gpus"] = 1
     actor = ray.remote(GeneratorWorker).options(**options)

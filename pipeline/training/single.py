@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from pipeline.config import JobConfig
-from pipeline.data import ChatDataset, collate
+from pipeline.data import Batch, ChatDataset, collate
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.target import load_target, load_target_head
 from pipeline.resolve import ResolvedJob, resolve_job
@@ -62,15 +62,14 @@ class SingleProcessTrainer:
         log.info("tau %.3f on %d held-out prompts", tau, len(prompts))
         return tau
 
-    def features(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def features(self, batch: Batch) -> torch.Tensor:
         dev = self.r.device
-        attn = (torch.arange(input_ids.shape[1])[None] < lengths[:, None]).long()
-        return self.target(input_ids.to(dev), attn.to(dev))
+        return self.target(batch.input_ids.to(dev), batch.attention_mask().to(dev))
 
     def run_step(self, plan: StepPlan) -> tuple[StepTotals, float]:
         for mb in plan.micro_batches:
             batch = collate([self.dataset[i] for i in mb], self.r.pad_token_id, self.pad_to)
-            feats = self.features(batch.input_ids, batch.lengths)
+            feats = self.features(batch)
             self.drafter.forward_backward(feats, batch.input_ids, batch.loss_mask,
                                           list(batch.sample_ids), plan.epoch)
         totals = self.drafter.take_totals()
