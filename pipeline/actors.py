@@ -41,13 +41,15 @@ def start_actors(job: JobConfig, r: ResolvedJob, plan: PlanSummary, actors: Acto
             rank = len(targets)
             targets.append(start_actor(TargetWorker, group, i, r.device, c.cpus_per_actor,
                                        rank, r.target_path, r.spec.target_layer_ids, r.device,
-                                       r.target_dtype, c.num_slots, slot_numel, group.node_id))
+                                       r.target_dtype, c.num_slots, slot_numel, group.node_id,
+                                       gpus=c.gpus_per_actor))
             target_node.append(n)
         for i in range(c.drafters_per_node):
             drafters.append(start_actor(
                 DrafterWorker, group, c.targets_per_node + i, r.device, c.cpus_per_actor,
                 len(drafters), world, r.spec, job.drafter, job.train, r.target_path, r.device,
-                r.autocast_dtype, r.target_dtype, slot_numel, plan.end_step))
+                r.autocast_dtype, r.target_dtype, slot_numel, plan.end_step,
+                gpus=c.gpus_per_actor))
             drafter_node.append(n)
 
 

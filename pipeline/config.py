@@ -39,12 +39,17 @@ class ClusterConfig:
     num_slots: int = 4
     # CPU cores Ray reserves per actor (a CPU run on a laptop wants fractions).
     cpus_per_actor: float = 1.0
+    # GPUs Ray reserves per actor on CUDA. Fractions co-locate actors on one GPU (0.5: a target
+    # and a drafter share a device, with CUDA IPC between their processes on it).
+    gpus_per_actor: float = 1.0
     placement_strategy: str = "STRICT_PACK"  # one of "STRICT_PACK", "PACK"
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "targets_per_node", "drafters_per_node", "num_slots"):
             require(getattr(self, key) >= 1, f"cluster.{key}", getattr(self, key), ">= 1")
         require(self.cpus_per_actor > 0, "cluster.cpus_per_actor", self.cpus_per_actor, "> 0")
+        require(0 < self.gpus_per_actor <= 1, "cluster.gpus_per_actor", self.gpus_per_actor,
+                "in (0, 1]: a fraction shares a GPU between actors")
         require_choice("cluster.device", self.device, ("auto", "cpu", "cuda"))
         require_choice("cluster.placement_strategy", self.placement_strategy,
                        ("STRICT_PACK", "PACK"))
@@ -56,6 +61,10 @@ class ClusterConfig:
     @property
     def num_targets(self) -> int:
         return self.num_nodes * self.targets_per_node
+
+    @property
+    def gpus_per_node(self) -> float:
+        return (self.targets_per_node + self.drafters_per_node) * self.gpus_per_actor
 
 
 @dataclass

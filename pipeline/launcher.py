@@ -58,18 +58,19 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
 def check_cluster(cfg: ClusterConfig, device: str) -> None:
     """Stop before any actor starts when the cluster cannot hold the requested layout."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    per_node = cfg.targets_per_node + cfg.drafters_per_node
     if len(nodes) < cfg.num_nodes:
         raise ValueError(f"cluster.num_nodes={cfg.num_nodes} but the Ray cluster has "
                          f"{len(nodes)} live node(s): allowed 1..{len(nodes)}")
     if device == "cuda":
+        need = cfg.gpus_per_node
         gpus = sorted((int(n["Resources"].get("GPU", 0)) for n in nodes), reverse=True)
-        usable = sum(1 for g in gpus if g >= per_node)
+        usable = sum(1 for g in gpus if g + 1e-9 >= need)
         if usable < cfg.num_nodes:
             raise ValueError(
-                f"cluster.targets_per_node + cluster.drafters_per_node = {per_node} GPUs per "
-                f"node on {cfg.num_nodes} node(s), but the nodes have {gpus} GPUs: lower "
-                f"them to at most {gpus[0] if gpus else 0} per node")
+                f"(cluster.targets_per_node + cluster.drafters_per_node) x "
+                f"cluster.gpus_per_actor = {need:g} GPUs per node on {cfg.num_nodes} node(s), "
+                f"but the nodes have {gpus} GPUs: use fewer actors per node, or a fraction "
+                f"(cluster=one_gpu shares one GPU)")
 
 
 @dataclass
@@ -82,7 +83,7 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0) -> li
     per_node = cfg.targets_per_node + cfg.drafters_per_node
     bundle = {"CPU": cfg.cpus_per_actor}
     if device == "cuda":
-        bundle["GPU"] = 1
+        bundle["GPU"] = cfg.gpus_per_actor
     groups = []
     for _ in range(cfg.num_nodes):
         pg = placement_group([dict(bundle) for _ in range(per_node)],
@@ -97,12 +98,12 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0) -> li
 
 
 def start_actor(cls: type, group: NodeGroup | None, bundle: int, device: str,
-                cpus: float, *args: Any) -> Any:
+                cpus: float, *args: Any, gpus: float = 1.0) -> Any:
     """A plain actor (no concurrency options: its methods run on the main thread)."""
     options: dict[str, Any] = {"num_cpus": cpus, "runtime_env": {"env_vars": actor_env()}}
     if group is not None:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=group.pg, placement_group_bundle_index=bundle)
         if device == "cuda":
-            options["num_gpus"] = 1
+            options["num_gpus"] = gpus
     return ray.remote(cls).options(**options).remote(*args)
