@@ -14,14 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3MLP,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-    rotate_half,
-)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RotaryEmbedding, rotate_half
 
 from pipeline.model.config import DrafterSpec, hf_qwen3_config
+from pipeline.model.norm import RMSNorm
 
 # A dense boolean mask [N, 1, Q, K] (True = may attend) for SDPA, or a flex BlockMask.
 AttentionMask = Union[torch.Tensor, BlockMask, None]
@@ -33,11 +29,37 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotate_half(x) * sin
 
 
+_compiled_flex = None
+
+
+def _flex_kernel():
+    """flex_attention as a fused kernel outside a compiled region.
+
+    Run eagerly, flex_attention falls back to a reference path that materialises the full
+    [N, heads, Q, K] scores (104 GB at the Qwen3-8B shape). Inside a compiled drafter it is
+    already fused; an uncompiled drafter on CUDA gets this compiled kernel instead.
+    """
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
            scale: float) -> torch.Tensor:
     """Attention over [N, heads, L, D] tensors with grouped KV heads, by mask type."""
     if isinstance(mask, BlockMask):
-        return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
+        fn = flex_attention
+        if q.is_cuda and not torch.compiler.is_compiling():
+            fn = _flex_kernel()
+        return fn(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
+    if mask is not None and k.shape[1] != q.shape[1]:
+        # SDPA's fused kernels take an explicit mask only without enable_gqa; with it, CUDA
+        # falls back to the math kernel and materialises the scores. Expanding the KV heads
+        # costs a copy of K and V but keeps the memory-efficient kernel.
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
@@ -54,8 +76,8 @@ class DFlashAttention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, c.hidden_size, bias=bias)
-        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=c.rms_norm_eps)
-        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=c.rms_norm_eps)
+        self.q_norm = RMSNorm(self.head_dim, eps=c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=c.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q, rope_k,
                 mask: AttentionMask) -> torch.Tensor:
@@ -77,8 +99,8 @@ class DFlashLayer(nn.Module):
         super().__init__()
         self.self_attn = DFlashAttention(hf_config)
         self.mlp = Qwen3MLP(hf_config)
-        self.input_layernorm = Qwen3RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
-        self.post_attention_layernorm = Qwen3RMSNorm(hf_config.hidden_size,
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size,
                                                      eps=hf_config.rms_norm_eps)
 
     def forward(self, x, context, rope_q, rope_k, mask):
@@ -95,8 +117,8 @@ class DFlashDrafter(nn.Module):
         hf = hf_qwen3_config(spec.hf_config)
         self.layers = nn.ModuleList(DFlashLayer(hf) for _ in range(hf.num_hidden_layers))
         self.fc = nn.Linear(spec.feature_size, hf.hidden_size, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
-        self.norm = Qwen3RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
+        self.hidden_norm = RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
+        self.norm = RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(hf)
         self.reset_parameters(hf.initializer_range)
 
@@ -107,7 +129,7 @@ class DFlashDrafter(nn.Module):
                 module.weight.normal_(0.0, std)
                 if module.bias is not None:
                     module.bias.zero_()
-            elif isinstance(module, Qwen3RMSNorm):
+            elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
 
     def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
@@ -118,13 +140,21 @@ class DFlashDrafter(nn.Module):
         features: [N, S, n_taps*H] tap features of the context; block_embeds: [N, Q, H];
         context_positions: [N, S]; block_positions: [N, Q]; mask over Q x (S + Q) keys.
         """
-        context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-        x = block_embeds.to(context.dtype)
+        dtype = compute_dtype(self.fc.weight, features.device.type)
+        context = self.hidden_norm(self.fc(features.to(dtype)))
+        x = block_embeds.to(dtype)
         rope_q = self.rotary_emb(x, block_positions)
         rope_k = self.rotary_emb(x, torch.cat([context_positions, block_positions], dim=1))
         for layer in self.layers:
             x = layer(x, context, rope_q, rope_k, mask)
         return self.norm(x)
+
+
+def compute_dtype(weight: torch.Tensor, device_type: str) -> torch.dtype:
+    """The dtype activations should carry: autocast's when it is on, else the weights'."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
