@@ -42,7 +42,7 @@ def start_actors(job: JobConfig, r: ResolvedJob, plan: PlanSummary, actors: Acto
             targets.append(start_actor(TargetWorker, group, i, r.device, c.cpus_per_actor,
                                        rank, r.target_path, r.spec.target_layer_ids, r.device,
                                        r.target_dtype, c.num_slots, slot_numel, group.node_id,
-                                       gpus=c.gpus_per_actor))
+                                       compile=job.target.compile, gpus=c.gpus_per_actor))
             target_node.append(n)
         for i in range(c.drafters_per_node):
             drafters.append(start_actor(

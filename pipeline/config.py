@@ -21,6 +21,8 @@ class TargetConfig:
     path: str = "builtin:tiny"
     # auto: bfloat16 on CUDA, float32 on CPU.
     dtype: str = "auto"  # one of "auto", "bfloat16", "float16", "float32"
+    # torch.compile the target's forward (default mode; shapes may vary, so no CUDA graphs).
+    compile: bool = False
 
     def __post_init__(self) -> None:
         require(bool(self.path), "target.path", self.path, "a local model folder or builtin:tiny")

@@ -98,7 +98,7 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0) -> li
 
 
 def start_actor(cls: type, group: NodeGroup | None, bundle: int, device: str,
-                cpus: float, *args: Any, gpus: float = 1.0) -> Any:
+                cpus: float, *args: Any, gpus: float = 1.0, **kwargs: Any) -> Any:
     """A plain actor (no concurrency options: its methods run on the main thread)."""
     options: dict[str, Any] = {"num_cpus": cpus, "runtime_env": {"env_vars": actor_env()}}
     if group is not None:
@@ -106,4 +106,4 @@ def start_actor(cls: type, group: NodeGroup | None, bundle: int, device: str,
             placement_group=group.pg, placement_group_bundle_index=bundle)
         if device == "cuda":
             options["num_gpus"] = gpus
-    return ray.remote(cls).options(**options).remote(*args)
+    return ray.remote(cls).options(**options).remote(*args, **kwargs)

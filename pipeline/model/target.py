@@ -17,10 +17,6 @@ from safetensors import safe_open
 from torch import nn
 
 
-class _StopForward(Exception):
-    """Raised from the deepest tap's hook: nothing after it is needed."""
-
-
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layer list of an HF causal LM (``model.model.layers`` for Llama/Qwen)."""
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -32,57 +28,66 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 class TargetFeatures(nn.Module):
-    """Wraps an HF causal LM and returns concatenated tap features."""
+    """Wraps an HF causal LM cut after its deepest tap and returns concatenated tap features.
 
-    def __init__(self, model: nn.Module, tap_ids: Sequence[int]) -> None:
+    Batches are right-padded, and under a causal mask padding after a token never changes that
+    token's outputs, so no attention mask is passed: attention takes the fused causal kernel
+    (a padding mask would send SDPA to a slower masked kernel). Features at padded positions
+    are garbage and never read: the loss mask is 0 there.
+    """
+
+    def __init__(self, model: nn.Module, tap_ids: Sequence[int], compile: bool = False) -> None:
         super().__init__()
         layers = decoder_layers(model)
         bad = [i for i in tap_ids if not 0 <= i < len(layers)]
         if bad:
             raise ValueError(f"target_layer_ids {list(tap_ids)}: ids {bad} are outside the "
                              f"target's {len(layers)} layers (allowed 0..{len(layers) - 1})")
+        if max(tap_ids) != len(layers) - 1:
+            raise ValueError(f"the target must be cut after its deepest tap {max(tap_ids)}, "
+                             f"but it has {len(layers)} layers: load it with load_target")
         self.model = model
         self.tap_ids = tuple(tap_ids)
         self._captured: dict[int, torch.Tensor] = {}
-        deepest = max(self.tap_ids)
         for i in set(self.tap_ids):
-            layers[i].register_forward_hook(self._make_hook(i, stop=i == deepest))
+            layers[i].register_forward_hook(self._make_hook(i))
+        decoder = model.get_decoder()
+        self._decoder = torch.compile(decoder, dynamic=None) if compile else decoder
 
-    def _make_hook(self, index: int, stop: bool):
+    def _make_hook(self, index: int):
         def hook(_module, _inputs, output):
             self._captured[index] = output[0] if isinstance(output, tuple) else output
-            if stop:
-                raise _StopForward
         return hook
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[N, S] right-padded token ids -> [N, S, n_taps * H] tap features."""
         self._captured.clear()
-        try:
-            self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                     use_cache=False)
-        except _StopForward:
-            pass
-        else:
-            raise AssertionError("the deepest tap's hook did not fire")
+        self._decoder(input_ids=input_ids, use_cache=False)
         feats = torch.cat([self._captured[i] for i in self.tap_ids], dim=-1)
         self._captured.clear()
         return feats
 
 
 def load_target(path: Union[str, Path], tap_ids: Sequence[int], device: torch.device,
-                dtype: torch.dtype) -> TargetFeatures:
-    """Load an HF causal LM from a local folder, keep only the layers up to the deepest tap."""
+                dtype: torch.dtype, compile: bool = False) -> TargetFeatures:
+    """Load an HF causal LM from a local folder, keep only the layers up to the deepest tap.
+
+    Nothing after the deepest tap runs: deeper layers are dropped, and the final norm and the
+    LM head become identities.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     layers = decoder_layers(model)
     del layers[max(tap_ids) + 1:]
-    # The LM head is never used by the feature path; drop it to save memory.
+    decoder = model.get_decoder()
+    if hasattr(decoder, "norm"):
+        decoder.norm = nn.Identity()
     if hasattr(model, "lm_head"):
         model.lm_head = nn.Identity()
     model.requires_grad_(False).eval()
-    return TargetFeatures(model.to(device), tap_ids)
+    return TargetFeatures(model.to(device), tap_ids, compile=compile)
 
 
 @dataclass

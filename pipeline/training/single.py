@@ -42,7 +42,7 @@ class SingleProcessTrainer:
         log.info("data: %s", self.dataset.stats.summary())
         self.plans = plan_for(job, self.dataset.sample_ids)
         self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
-                                  r.target_dtype)
+                                  r.target_dtype, compile=job.target.compile)
         self.drafter = DrafterTrainer(r.spec, job.drafter, job.train,
                                       load_target_head(r.target_path), r.device,
                                       r.autocast_dtype, total_steps=len(self.plans))
@@ -64,7 +64,7 @@ class SingleProcessTrainer:
 
     def features(self, batch: Batch) -> torch.Tensor:
         dev = self.r.device
-        return self.target(batch.input_ids.to(dev), batch.attention_mask().to(dev))
+        return self.target(batch.input_ids.to(dev))
 
     def run_step(self, plan: StepPlan) -> tuple[StepTotals, float]:
         for mb in plan.micro_batches:

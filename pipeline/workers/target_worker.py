@@ -18,10 +18,10 @@ from pipeline.workers.common import actor_device, on_main_thread
 class TargetWorker:
     def __init__(self, rank: int, target_path: str, tap_ids: Sequence[int], device: str,
                  dtype: torch.dtype, num_slots: int, slot_numel: int,
-                 node_id: Optional[str] = None) -> None:
+                 node_id: Optional[str] = None, compile: bool = False) -> None:
         self.rank = rank
         self.device = actor_device(device)
-        self.target = load_target(target_path, tap_ids, self.device, dtype)
+        self.target = load_target(target_path, tap_ids, self.device, dtype, compile=compile)
         # Sized once for the largest micro-batch: [micro_batch, max_length, n_taps * H].
         self.ring = SlotRing(rank, num_slots, slot_numel, dtype, self.device, node_id)
 
@@ -31,8 +31,7 @@ class TargetWorker:
     def produce(self, slot: int, batch: MicroBatch) -> SlotReady:
         """Tap features of ``batch`` into ``slot``; announced only once written."""
         start, t0 = time.time(), time.perf_counter()
-        feats = self.target(batch.input_ids.to(self.device),
-                            batch.attention_mask().to(self.device))
+        feats = self.target(batch.input_ids.to(self.device))
         self.ring.slot(slot, feats.shape).copy_(feats)
         ready = self.ring.publish(slot, feats.shape, batch.meta.sample_ids)
         # publish synchronised the device, so this time includes the GPU work.

@@ -14,7 +14,7 @@ def test_tap_features_equal_full_forward_hidden_states(random_target_dir):
     with torch.no_grad():
         ref = full(ids, attention_mask=attn, output_hidden_states=True).hidden_states
     expected = torch.cat([ref[i + 1] for i in taps], dim=-1)
-    got = feats(ids, attn)
+    got = feats(ids)  # no mask: right padding cannot change real positions
     assert got.shape == (2, 17, 3 * 32)
     torch.testing.assert_close(got[0], expected[0])
     torch.testing.assert_close(got[1, :12], expected[1, :12])
@@ -22,12 +22,16 @@ def test_tap_features_equal_full_forward_hidden_states(random_target_dir):
 
 def test_feature_path_stops_at_deepest_tap(random_target_dir):
     feats = load_target(random_target_dir, [1, 2], "cpu", torch.float32)
-    layers = feats.model.get_decoder().layers
-    assert len(layers) == 3
-    ran = []
-    feats.model.get_decoder().norm.register_forward_hook(lambda *a: ran.append("norm"))
-    feats(torch.randint(0, 90, (1, 5)), torch.ones(1, 5, dtype=torch.long))
-    assert ran == []
+    decoder = feats.model.get_decoder()
+    assert len(decoder.layers) == 3
+    # Nothing after the deepest tap computes: the final norm and the head are identities.
+    assert isinstance(decoder.norm, torch.nn.Identity)
+    assert isinstance(feats.model.lm_head, torch.nn.Identity)
+    ids = torch.randint(0, 90, (1, 5))
+    layer_out = []
+    decoder.layers[2].register_forward_hook(lambda _m, _i, out: layer_out.append(out))
+    got = feats(ids)
+    torch.testing.assert_close(got[..., 32:], layer_out[0])
 
 
 def test_head_loaded_without_the_model(random_target_dir):
