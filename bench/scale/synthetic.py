@@ -33,7 +33,7 @@ def build_target(out: Path, config: dict | None = None) -> Path:
     model.save_pretrained(out)
     del model
     words = _words()
-    build_tokenizer([" ".join(words)] * 4, vocab_size=1024).save_pretrained(out)
+    build_tokenizer([" ".join(words)] * 4, vocab_size=4096).save_pretrained(out)
     return out
 
 

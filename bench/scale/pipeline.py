@@ -1,0 +1,49 @@
+"""The whole pipeline at shape A on the GPUs lent: `python -m pipeline.train`, as a user runs it.
+
+One GPU: cluster=one_gpu (a target and a drafter actor, half a GPU each, CUDA IPC between
+their processes). Two GPUs: one target and one drafter, a GPU each. Samples/s, busy fractions
+and slot waits are read back from the run's metrics.jsonl, skipping the compile warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.scale.synthetic import write_chats
+
+
+def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 1,
+                 target_compile: bool = True) -> dict:
+    data = write_chats(work / "chats_A.jsonl", count=4 * steps + 64, prompt_words=190,
+                       answer_words=590)
+    run_dir = work / f"run_A_{gpus}gpu"
+    cluster = ["cluster=one_gpu"] if gpus == 1 else [
+        "cluster=one_gpu", "cluster.gpus_per_actor=1"]
+    cmd = [sys.executable, "-m", "pipeline.train", "--config-name", "qwen3_8b",
+           f"target.path={work / 'qwen3-8b-random'}", f"data.train_path={data}",
+           f"data.heldout_path={data}", "data.max_length=800", "data.micro_batch_size=4",
+           "drafter.num_anchors=256", f"target.compile={target_compile}", *cluster, "logger=none", "train.eval_every=-1",
+           "train.save_every=0", "train.resume=null", "train.epochs=1",
+           f"train.max_steps={steps}", "train.log_every=5", f"train.out_dir={run_dir}"]
+    t0 = time.perf_counter()
+    with open(out / f"pipeline_{gpus}gpu.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: see pipeline_{gpus}gpu.log", "wall_s": wall}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    steady = [r for r in rows if "perf/samples_per_s" in r and r["step"] > skip]
+    mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
+    samples = sum(4 for _ in steady)
+    step_time = sum(r["perf/step_time_s"] for r in steady)
+    return {"gpus": gpus, "steps": len(steady), "samples_per_s": samples / step_time,
+            "target_busy": mean("perf/target0_busy"), "drafter_busy": mean("perf/drafter0_busy"),
+            "slot_wait_s_per_step": mean("perf/slot_wait_s"),
+            "drafter_max_mem_gb": max(r["perf/drafter0_max_mem_gb"] for r in steady),
+            "wall_s": wall}
