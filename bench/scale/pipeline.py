@@ -19,7 +19,7 @@ from bench.scale.synthetic import write_chats
 
 
 def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 1,
-                 target_compile: bool = True) -> dict:
+                 target_compile: bool = True, drafter_compile: str = "default") -> dict:
     data = write_chats(work / "chats_A.jsonl", count=4 * steps + 64, prompt_words=190,
                        answer_words=590)
     run_dir = work / f"run_A_{gpus}gpu"
@@ -28,7 +28,8 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
     cmd = [sys.executable, "-m", "pipeline.train", "--config-name", "qwen3_8b",
            f"target.path={work / 'qwen3-8b-random'}", f"data.train_path={data}",
            f"data.heldout_path={data}", "data.max_length=800", "data.micro_batch_size=4",
-           "drafter.num_anchors=256", f"target.compile={target_compile}", *cluster, "logger=none", "train.eval_every=-1",
+           "drafter.num_anchors=256", f"target.compile={target_compile}",
+           f"drafter.compile={drafter_compile}", *cluster, "logger=none", "train.eval_every=-1",
            "train.save_every=0", "train.resume=null", "train.epochs=1",
            f"train.max_steps={steps}", "train.log_every=5", f"train.out_dir={run_dir}"]
     t0 = time.perf_counter()
