@@ -41,8 +41,8 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     steady = [r for r in rows if "perf/samples_per_s" in r and r["step"] > skip]
     mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
-    samples = sum(4 for _ in steady)
     step_time = sum(r["perf/step_time_s"] for r in steady)
+    samples = sum(r["perf/samples_per_s"] * r["perf/step_time_s"] for r in steady)
     return {"gpus": gpus, "steps": len(steady), "samples_per_s": samples / step_time,
             "target_busy": mean("perf/target0_busy"), "drafter_busy": mean("perf/drafter0_busy"),
             "slot_wait_s_per_step": mean("perf/slot_wait_s"),
