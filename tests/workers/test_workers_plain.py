@@ -43,7 +43,7 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
         # The same micro-batch through a plain DrafterTrainer gives the same loss and update.
         ref = DrafterTrainer(spec, options, train, load_target_head(random_target_dir), "cpu",
                              None, total_steps=1)
-        feats = target.target(ids, batch.attention_mask())
+        feats = target.target(ids)
         parts = ref.forward_backward(feats, ids, mask, [5, 9], 0)
         ref.step()
         assert result.numerator == float(parts.numerator.detach())
