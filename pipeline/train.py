@@ -13,7 +13,7 @@ import logging
 import hydra
 
 from pipeline.config import register_configs, to_job_config
-from pipeline.driver import Driver
+from pipeline.driver.job import Driver
 
 register_configs()
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pipeline.compose import CONF_DIR, compose_job
-from pipeline.driver import Driver
+from pipeline.driver.compose import CONF_DIR, compose_job
+from pipeline.driver.job import Driver
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional, Sequence
 import ray
 import torch
 
-from pipeline import launcher
+from pipeline import ray_start
 from pipeline.dtypes import resolve_dtype
 from pipeline.regen.config import RegenConfig
 from pipeline.regen.messages import GenRequest, GenResult
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def init_ray(cfg: RegenConfig) -> bool:
     """Connect to Ray; True when this call started it, so the caller shuts it down."""
-    return launcher.init_ray(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
+    return ray_start.init_ray(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
 
 
 def pick_device(cfg: RegenConfig) -> str:
@@ -47,7 +47,7 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
                      dtype: torch.dtype) -> list[Any]:
     """``cfg.num_workers`` plain actors (methods on their main thread), one GPU each on cuda."""
     options: dict[str, Any] = {"num_cpus": cfg.cpus_per_worker,
-                               "runtime_env": {"env_vars": launcher.actor_env()}}
+                               "runtime_env": {"env_vars": ray_start.actor_env()}}
     if device == "cuda":
         options["num_gpus"] = 1
     actor = ray.remote(GeneratorWorker).options(**options)

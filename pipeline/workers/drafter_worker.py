@@ -18,7 +18,6 @@ from pipeline.config import TrainConfig
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
-from pipeline.messages import MicroBatch, MicroResult, StepResult
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
@@ -26,6 +25,7 @@ from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
+from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
 
 
 class DrafterWorker:

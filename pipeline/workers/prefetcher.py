@@ -10,10 +10,9 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.checkpoint import ResumePoint
 from pipeline.data import ChatDataset, DataConfig, collate
-from pipeline.messages import MicroBatch, MicroBatchMeta
-from pipeline.training.plan import StepPlan, job_plan
+from pipeline.training.plan import ResumePoint, StepPlan, job_plan
+from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from pipeline.messages import MicroBatch, ProduceMeta
 from pipeline.model.target import load_target
 from pipeline.transport.messages import RingHandle, SlotReady
 from pipeline.transport.ring import SlotRing
 from pipeline.workers.common import actor_device, on_main_thread
+from pipeline.workers.messages import MicroBatch, ProduceMeta
 
 
 class TargetWorker:

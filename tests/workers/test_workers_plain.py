@@ -4,11 +4,11 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.dist.rendezvous import destroy_group, pick_master
-from pipeline.messages import MicroBatch, MicroBatchMeta
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.target import load_target_head
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.workers.drafter_worker import DrafterWorker
+from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 from pipeline.workers.target_worker import TargetWorker
 
 MASK_ID = 95  # the last row of the random target's vocabulary (tests/conftest.py)

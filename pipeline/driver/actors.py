@@ -9,7 +9,7 @@ from typing import Any
 import ray
 
 from pipeline.config import JobConfig
-from pipeline.launcher import NodeGroup, node_groups, start_actor
+from pipeline.driver.launcher import NodeGroup, node_groups, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pipeline.compose import compose_job
-from pipeline.driver import Driver
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from pipeline.messages import MicroBatchMeta, MicroResult, ProduceMeta, StepResult
 from pipeline.transport.ledger import SlotLedger
 from pipeline.transport.messages import SlotAck, SlotReady
+from pipeline.workers.messages import MicroBatchMeta, MicroResult, ProduceMeta, StepResult
 
 log = logging.getLogger(__name__)
 

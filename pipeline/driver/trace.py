@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.scheduler import StepReport
+from pipeline.driver.scheduler import StepReport
 
 
 class TraceRecorder:

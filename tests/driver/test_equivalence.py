@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.compose import compose_job
-from pipeline.driver import Driver
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
 from pipeline.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
 from pipeline.training.single import SingleProcessTrainer

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from pipeline.config import JobConfig, register_configs, to_job_config
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def compose_job(overrides: Sequence[str] = (), config_name: str = "config") -> JobConfig:

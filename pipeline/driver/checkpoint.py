@@ -13,20 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from pipeline.training.plan import ResumePoint
+
 _PREFIX = "step_"
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where training continues: the next global step, and the data cursor."""
-
-    step: int             # optimizer steps already taken
-    epoch: int            # epoch the next sample comes from
-    samples_done: int     # samples of that epoch already trained
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:

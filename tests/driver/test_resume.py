@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline import checkpoint as ckpt
-from pipeline.compose import compose_job
-from pipeline.driver import Driver
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
 
 BASE = ["cluster.cpus_per_actor=0.5", "train.eval_every=-1", "train.export_dtype=float32",
         "data.micro_batch_size=2", "train.lr=2e-3"]

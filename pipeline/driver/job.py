@@ -10,17 +10,18 @@ from typing import Optional
 
 import ray
 
-from pipeline import checkpoint as ckpt
-from pipeline.accounting import EpochAccount, SampleAccounting
-from pipeline.actors import Actors, connect, shutdown, start_actors
 from pipeline.config import JobConfig
-from pipeline.launcher import check_cluster, init_ray, start_actor
-from pipeline.progress import Progress
-from pipeline.report import step_metrics
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.accounting import EpochAccount, SampleAccounting
+from pipeline.driver.actors import Actors, connect, shutdown, start_actors
+from pipeline.driver.launcher import check_cluster, start_actor
+from pipeline.driver.progress import Progress
+from pipeline.driver.report import step_metrics
+from pipeline.driver.scheduler import StepLoop, StepReport, Topology
+from pipeline.driver.telemetry import MetricsLogger
+from pipeline.driver.trace import TraceRecorder
+from pipeline.ray_start import init_ray
 from pipeline.resolve import resolve_job
-from pipeline.scheduler import StepLoop, StepReport, Topology
-from pipeline.telemetry import MetricsLogger
-from pipeline.trace import TraceRecorder
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 
 log = logging.getLogger(__name__)
