@@ -1,4 +1,4 @@
-"""Where ``ray.remote`` is applied: placement groups per node, and the actors in them.
+"""Placement groups per node, and the check that the cluster can hold them.
 
 Each node gets one placement group (STRICT_PACK) holding its targets and drafters, so the
 slot rings of a node are opened only by drafters of that node (CUDA IPC and shared memory do
@@ -7,16 +7,17 @@ not cross nodes). Groups are sorted by node id, so ranks are node-contiguous.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, placement_group_table
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import (placement_group, placement_group_table,
+                                       remove_placement_group)
 
 from pipeline.config import ClusterConfig
-from pipeline.ray_start import actor_env
+from pipeline.ray_start import Placement
 
 log = logging.getLogger(__name__)
 
@@ -39,37 +40,42 @@ def check_cluster(cfg: ClusterConfig, device: str) -> None:
                 f"(cluster=one_gpu shares one GPU)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeGroup:
     node_id: str
     pg: Any  # PlacementGroup
+    cpus: float  # per bundle
+    gpus: float  # per bundle; 0 on CPU
+
+    def placement(self, bundle: int) -> Placement:
+        return Placement(cpus=self.cpus, gpus=self.gpus, group=self.pg, bundle=bundle)
 
 
 def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0) -> list[NodeGroup]:
+    """One STRICT_PACK group per node, sorted by node id; none is left behind on failure."""
     per_node = cfg.targets_per_node + cfg.drafters_per_node
     bundle = {"CPU": cfg.cpus_per_actor}
     if device == "cuda":
         bundle["GPU"] = cfg.gpus_per_actor
-    groups = []
-    for _ in range(cfg.num_nodes):
-        pg = placement_group([dict(bundle) for _ in range(per_node)],
-                             strategy=cfg.placement_strategy)
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-        if not ready:
-            raise RuntimeError(f"placement group of {per_node} x {bundle} was not scheduled in "
-                               f"{timeout_s:.0f}s: check cluster.* against `ray status`")
-        nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
-        groups.append(NodeGroup(node_id=sorted(nodes)[0], pg=pg))
+    groups: list[NodeGroup] = []
+    try:
+        for _ in range(cfg.num_nodes):
+            pg = placement_group([dict(bundle) for _ in range(per_node)],
+                                 strategy=cfg.placement_strategy)
+            groups.append(NodeGroup(node_id="", pg=pg, cpus=cfg.cpus_per_actor,
+                                    gpus=bundle.get("GPU", 0.0)))
+            ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+            if not ready:
+                raise RuntimeError(f"placement group of {per_node} x {bundle} was not scheduled "
+                                   f"in {timeout_s:.0f}s: check cluster.* against `ray status`")
+            nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
+            groups[-1] = dataclasses.replace(groups[-1], node_id=sorted(nodes)[0])
+    except BaseException:
+        remove_groups(groups)
+        raise
     return sorted(groups, key=lambda g: g.node_id)
 
 
-def start_actor(cls: type, group: NodeGroup | None, bundle: int, device: str,
-                cpus: float, *args: Any, gpus: float = 1.0) -> Any:
-    """A plain actor (no concurrency options: its methods run on the main thread)."""
-    options: dict[str, Any] = {"num_cpus": cpus, "runtime_env": {"env_vars": actor_env()}}
-    if group is not None:
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group=group.pg, placement_group_bundle_index=bundle)
-        if device == "cuda":
-            options["num_gpus"] = gpus
-    return ray.remote(cls).options(**options).remote(*args)
+def remove_groups(groups: list[NodeGroup]) -> None:
+    for group in groups:
+        remove_placement_group(group.pg)

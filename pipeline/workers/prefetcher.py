@@ -37,7 +37,7 @@ class PlanSummary:
 
 
 class Prefetcher:
-    def __init__(self, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
+    def __init__(self, *, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
                  epochs: int, micro_batches_per_step: int, max_steps: Optional[int],
                  pad_token_id: int, pad_to: Optional[int],
                  resume: Optional[ResumePoint] = None) -> None:
