@@ -21,8 +21,8 @@ echo "training with drafter.attention=$attention" | tee "$out/choice.txt"
 timeout 240 python3 -m pipeline.train target.path=/tmp/qwen3-mid cluster.device=cuda \
   cluster.drafters_per_node=1 cluster.cpus_per_actor=2 drafter.compile=reduce-overhead \
   drafter.static_shapes=true drafter.attention="$attention" drafter.block_size=16 \
-  drafter.num_anchors=32 train.epochs=3 train.max_steps="$steps" train.lr=1e-3 \
-  train.log_every=25 train.eval_prompts=4 train.eval_max_new_tokens=64 \
+  drafter.num_anchors=32 train.plan.epochs=3 train.plan.max_steps="$steps" train.optim.lr=1e-3 \
+  train.log_every=25 train.eval.prompts=4 train.eval.max_new_tokens=64 \
   train.out_dir=/tmp/run-gpu 2>&1 | grep -v -E 'Warning|warnings.warn|Loading weights' \
   | tee "$out/train.log"
 cp /tmp/run-gpu/metrics.jsonl "$out/metrics.jsonl"

@@ -30,9 +30,9 @@ class CompiledStep:
         inductor_config.triton.cudagraph_or_error = True
         from transformers import AutoConfig, AutoTokenizer
 
-        from pipeline.config import TrainConfig
         from pipeline.model.config import DrafterConfig, build_drafter_spec
         from pipeline.model.target import load_target_head
+        from pipeline.training.config import OptimConfig
         from pipeline.training.drafter_trainer import DrafterTrainer
 
         tok = AutoTokenizer.from_pretrained(target_path)
@@ -40,7 +40,8 @@ class CompiledStep:
                                 compile=mode, static_shapes=True, attention=attention)
         spec = build_drafter_spec(AutoConfig.from_pretrained(target_path).to_dict(), options,
                                   tok.mask_token_id)
-        self.trainer = DrafterTrainer(spec, options, TrainConfig(), load_target_head(target_path),
+        self.trainer = DrafterTrainer(spec, options, OptimConfig(), 0,
+                                      load_target_head(target_path),
                                       "cuda", torch.bfloat16, total_steps=10)
         g = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, spec.hf_config["vocab_size"] - 8, (2, 256), generator=g)

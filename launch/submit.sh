@@ -2,7 +2,7 @@
 # Submit a training job to a running Ray cluster through its job server (dashboard port).
 #   launch/submit.sh [--address http://HEAD:8265] [--no-wait] [--env KEY=VALUE ...] -- key=value ...
 # e.g.
-#   launch/submit.sh --address http://10.0.0.1:8265 -- --config-name qwen3_8b train.max_steps=100
+#   launch/submit.sh --address http://10.0.0.1:8265 -- --config-name qwen3_8b train.plan.max_steps=100
 #   launch/submit.sh --env WANDB_API_KEY="$WANDB_API_KEY" -- logger=wandb
 # The address defaults to $RAY_API_SERVER_ADDRESS, then $RAY_ADDRESS, then http://127.0.0.1:8265.
 # Everything after `--` goes to `python -m pipeline.train` (Hydra overrides).

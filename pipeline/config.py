@@ -8,10 +8,12 @@ DictConfig travels past them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from pipeline.data.config import DataConfig
+from pipeline.eval.config import EvalConfig
 from pipeline.model.config import DrafterConfig
+from pipeline.training.config import OptimConfig, PlanConfig
 from pipeline.validate import require, require_choice
 
 
@@ -70,50 +72,60 @@ class ClusterConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """``train.checkpoint``: when to save, and where to resume from."""
+
+    # Save every N steps (0: only at the end).
+    every: int = 0
+    # null: start fresh; "auto": the latest checkpoint under out_dir; or a checkpoint path.
+    resume: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        require(self.every >= 0, "train.checkpoint.every", self.every, ">= 0 (0: at the end)")
+
+
+@dataclass
 class TrainConfig:
-    epochs: int = 1
-    # Stop after this many optimizer steps (null: run all epochs).
-    max_steps: Optional[int] = None
-    # Stop (with a checkpoint) once this many steps are done, keeping the LR schedule of the
-    # whole job: splits a job over several allocations; resume with train.resume=auto.
-    stop_at_step: Optional[int] = None
-    # Micro-batches each drafter backpropagates per optimizer step.
-    grad_accum: int = 1
-    lr: float = 6e-4
-    warmup_ratio: float = 0.04
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
+    """``train``: one section per component, and what the whole job shares."""
+
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
     # auto: bf16 autocast on CUDA, fp32 on CPU. Master weights are always fp32.
     precision: str = "auto"  # one of "auto", "fp32", "bf16"
     out_dir: str = "runs/default"
     log_every: int = 1
-    # Evaluate tau on held-out prompts every N steps (0: only at the end; -1: never).
-    eval_every: int = 0
-    eval_prompts: int = 16
-    eval_max_new_tokens: int = 64
-    save_every: int = 0
-    # null: start fresh; "auto": the latest checkpoint under out_dir; or a checkpoint path.
-    resume: Optional[str] = None
     export_dtype: str = "bfloat16"  # one of "bfloat16", "float16", "float32"
 
     def __post_init__(self) -> None:
-        require(self.epochs >= 1, "train.epochs", self.epochs, ">= 1")
-        require(self.max_steps is None or self.max_steps >= 1, "train.max_steps",
-                 self.max_steps, ">= 1 or null")
-        require(self.grad_accum >= 1, "train.grad_accum", self.grad_accum, ">= 1")
-        require(self.stop_at_step is None or self.stop_at_step >= 1, "train.stop_at_step",
-                self.stop_at_step, ">= 1 or null")
-        require(self.lr > 0, "train.lr", self.lr, "> 0")
-        require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "in [0, 1)")
-        require(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
-        require(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, ">= 0 (0 disables)")
         require(self.log_every >= 1, "train.log_every", self.log_every, ">= 1")
-        require(self.eval_every >= -1, "train.eval_every", self.eval_every, ">= -1")
         require_choice("train.precision", self.precision, ("auto", "fp32", "bf16"))
         require_choice("train.export_dtype", self.export_dtype, ("bfloat16", "float16", "float32"))
+
+
+# Keys that moved when TrainConfig was split into sections: an override of the old name stops
+# with the new one (Hydra alone would only say the key is unknown).
+MOVED_KEYS = {
+    **{f"train.{k}": f"train.plan.{k}" for k in ("epochs", "max_steps", "stop_at_step",
+                                                  "grad_accum")},
+    **{f"train.{k}": f"train.optim.{k}" for k in ("lr", "warmup_ratio", "min_lr_ratio",
+                                                   "weight_decay", "betas", "grad_clip")},
+    "train.eval_every": "train.eval.every",
+    "train.eval_prompts": "train.eval.prompts",
+    "train.eval_max_new_tokens": "train.eval.max_new_tokens",
+    "train.save_every": "train.checkpoint.every",
+    "train.resume": "train.checkpoint.resume",
+}
+
+
+def reject_moved_keys(overrides: Sequence[str]) -> None:
+    """ValueError naming the new key for the first override that uses a moved one."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in MOVED_KEYS:
+            raise ValueError(f"{key} has moved: use {MOVED_KEYS[key]} (in {override!r})")
 
 
 @dataclass

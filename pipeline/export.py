@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline import checkpoint as ckpt
+from pipeline.driver import checkpoint as ckpt
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter

@@ -1,7 +1,7 @@
 """Train a DFlash drafter on Ray: prefetcher, target and drafter actors, one process per GPU.
 
     python -m pipeline.train                                  # embedded demo on CPU
-    python -m pipeline.train cluster.drafters_per_node=1 train.max_steps=50
+    python -m pipeline.train cluster.drafters_per_node=1 train.plan.max_steps=50
     python -m pipeline.train --config-name qwen3_8b target.path=/models/Qwen3-8B
     python -m pipeline.train --cfg job                        # print the resolved config
     ray job submit --address http://HEAD:8265 --working-dir . \\
@@ -9,11 +9,12 @@
 """
 
 import logging
+import sys
 
 import hydra
 
-from pipeline.config import register_configs, to_job_config
-from pipeline.driver import Driver
+from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.driver.job import Driver
 
 register_configs()
 
@@ -29,4 +30,8 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        reject_moved_keys(sys.argv[1:])  # before Hydra, which would only call the key unknown
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     main()

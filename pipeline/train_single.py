@@ -1,17 +1,18 @@
 """Train a DFlash drafter in one process on one device, without Ray: the reference trainer.
 
     python -m pipeline.train_single                      # embedded demo on CPU
-    python -m pipeline.train_single train.max_steps=20 train.out_dir=runs/ref
+    python -m pipeline.train_single train.plan.max_steps=20 train.out_dir=runs/ref
 
 It follows the same step plan as ``pipeline.train`` (cluster.drafters_per_node x
-train.grad_accum micro-batches per step), so the two must produce the same updates.
+train.plan.grad_accum micro-batches per step), so the two must produce the same updates.
 """
 
 import logging
+import sys
 
 import hydra
 
-from pipeline.config import register_configs, to_job_config
+from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.training.single import SingleProcessTrainer
 
 register_configs()
@@ -30,4 +31,8 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        reject_moved_keys(sys.argv[1:])  # before Hydra, which would only call the key unknown
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     main()

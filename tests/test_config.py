@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pipeline.compose import CONF_DIR, compose_job
-from pipeline.driver import Driver
+from pipeline.driver.compose import CONF_DIR, compose_job
+from pipeline.driver.job import Driver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONF_DIR.glob("*.yaml")))
 def test_every_preset_composes(name):
     job = compose_job(config_name=name)
-    assert job.train.lr > 0 and job.cluster.num_drafters >= 1
+    assert job.train.optim.lr > 0 and job.cluster.num_drafters >= 1
 
 
 def test_qwen3_8b_preset_is_the_published_recipe():
@@ -24,7 +24,8 @@ def test_qwen3_8b_preset_is_the_published_recipe():
     d = job.drafter
     assert d.target_layer_ids == [1, 9, 17, 25, 33] and d.block_size == 16
     assert d.num_layers == 5 and d.num_anchors == 512 and d.resolved_gamma() == 7.0
-    assert job.train.lr == 6e-4 and job.data.max_length == 3072
+    assert job.train.optim.lr == 6e-4 and job.data.max_length == 3072
+    assert job.train.checkpoint.resume == "auto" and job.train.eval.prompts == 64
 
 
 def test_group_selection_and_overrides():
@@ -37,7 +38,7 @@ def test_group_selection_and_overrides():
 
 @pytest.mark.parametrize("override,match", [
     (["train.learning_rate=1"], "train.learning_rate"),     # unknown key
-    (["train.lr=fast"], "train.lr"),                        # wrong type
+    (["train.optim.lr=fast"], "train.optim.lr"),            # wrong type
 ])
 def test_unknown_key_and_wrong_type_name_the_key(override, match):
     with pytest.raises(ConfigCompositionException, match=match):
@@ -47,12 +48,31 @@ def test_unknown_key_and_wrong_type_name_the_key(override, match):
 @pytest.mark.parametrize("override,match", [
     ("drafter.attention=xformers", r"drafter.attention='xformers'.*\['sdpa', 'flex'\]"),
     ("cluster.device=tpu", r"cluster.device='tpu'.*\['auto', 'cpu', 'cuda'\]"),
-    ("train.warmup_ratio=1.5", r"train.warmup_ratio=1.5.*\[0, 1\)"),
+    ("train.optim.warmup_ratio=1.5", r"train.optim.warmup_ratio=1.5.*\[0, 1\)"),
+    ("train.eval.every=-2", r"train.eval.every=-2.*>= -1"),
     ("data.on_bad_line=ignore", r"data.on_bad_line='ignore'.*\['error', 'skip'\]"),
 ])
 def test_bad_values_name_the_key_and_allowed(override, match):
     with pytest.raises(ValueError, match=match):
         compose_job([override])
+
+
+@pytest.mark.parametrize("old,new", [
+    ("train.lr=1e-3", "train.optim.lr"),
+    ("train.max_steps=5", "train.plan.max_steps"),
+    ("+train.eval_every=2", "train.eval.every"),
+    ("train.resume=auto", "train.checkpoint.resume"),
+])
+def test_a_moved_key_names_its_new_place(old, new):
+    with pytest.raises(ValueError, match=f"has moved: use {new}"):
+        compose_job([old])
+
+
+def test_the_train_cli_names_the_new_key_for_a_moved_one():
+    proc = subprocess.run([sys.executable, "-m", "pipeline.train", "train.lr=1e-3"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "train.lr has moved: use train.optim.lr" in proc.stderr
 
 
 @pytest.mark.parametrize("override,match", [

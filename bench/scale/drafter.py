@@ -8,7 +8,7 @@ import torch
 
 from bench.scale.flops import drafter_flops
 from bench.scale.synthetic import token_batch
-from pipeline.config import TrainConfig
+from pipeline.training.config import OptimConfig
 from pipeline.model.config import DrafterConfig, build_drafter_spec, qwen3_8b_config
 from pipeline.model.target import TargetHead
 from pipeline.objective.blocks import build_blocks
@@ -28,7 +28,7 @@ def make_trainer(num_anchors: int, attention: str, compile_mode: str) -> Drafter
         embed=torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, generator=g),
         lm_head=torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
         * hidden ** -0.5)
-    return DrafterTrainer(spec, options, TrainConfig(), head, "cuda", torch.bfloat16,
+    return DrafterTrainer(spec, options, OptimConfig(), 0, head, "cuda", torch.bfloat16,
                           total_steps=10_000)
 
 
@@ -46,7 +46,7 @@ def run_drafter(n: int, seq_len: int, num_anchors: int, attention: str = "flex",
         sample_ids = list(range(i * n, (i + 1) * n))  # new anchors every step
         trainer.forward_backward(feats, ids, mask, sample_ids, epoch=0)
         trainer.step()
-        anchors = obj.anchors(mask.cpu(), sample_ids, trainer.train.seed, 0)
+        anchors = obj.anchors(mask.cpu(), sample_ids, trainer.seed, 0)
         blocks = build_blocks(ids.cpu(), mask.cpu(), anchors, obj.block_size,
                               obj.mask_token_id, obj.gamma)
         return drafter_flops(spec.hf_config, len(spec.target_layer_ids), obj.block_size,

@@ -29,9 +29,9 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
            f"target.path={work / 'qwen3-8b-random'}", f"data.train_path={data}",
            f"data.heldout_path={data}", "data.max_length=800", "data.micro_batch_size=4",
            "drafter.num_anchors=256", f"target.compile={target_compile}",
-           f"drafter.compile={drafter_compile}", *cluster, "logger=none", "train.eval_every=-1",
-           "train.save_every=0", "train.resume=null", "train.epochs=1",
-           f"train.max_steps={steps}", "train.log_every=5", f"train.out_dir={run_dir}"]
+           f"drafter.compile={drafter_compile}", *cluster, "logger=none", "train.eval.every=-1",
+           "train.checkpoint.every=0", "train.checkpoint.resume=null", "train.plan.epochs=1",
+           f"train.plan.max_steps={steps}", "train.log_every=5", f"train.out_dir={run_dir}"]
     t0 = time.perf_counter()
     with open(out / f"pipeline_{gpus}gpu.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))

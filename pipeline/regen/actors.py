@@ -1,21 +1,21 @@
 """The generator actors: Ray start-up, placement by resource, and in-order dispatch.
 
-``ray.remote`` is applied here to the plain :class:`GeneratorWorker` (launcher.start_actor
-asks for a GPU only inside a placement group). Generators need no
-placement groups or rendezvous (they never talk to each other), so each simply asks Ray for
-one GPU on cuda and lands wherever one is free.
+Generators need no placement groups or rendezvous (they never talk to each other), so each
+simply asks Ray for one GPU on cuda and lands wherever one is free. They start through
+:func:`pipeline.ray_start.start_actor`, like the training actors.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, ContextManager, Iterator, Optional, Sequence
 
 import ray
 import torch
 
-from pipeline import launcher
+from pipeline import ray_start
+from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.dtypes import resolve_dtype
 from pipeline.regen.config import RegenConfig
 from pipeline.regen.messages import GenRequest, GenResult
@@ -23,9 +23,10 @@ from pipeline.workers.generator import GeneratorWorker
 
 log = logging.getLogger(__name__)
 
-def init_ray(cfg: RegenConfig) -> bool:
-    """Connect to Ray; True when this call started it, so the caller shuts it down."""
-    return launcher.init_ray(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
+
+def ray_session(cfg: RegenConfig) -> ContextManager[None]:
+    """Ray while the generators run; shut down after only if this job started it."""
+    return ray_start.ray_session(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
 
 
 def pick_device(cfg: RegenConfig) -> str:
@@ -46,18 +47,14 @@ def pick_dtype(cfg: RegenConfig, device: str) -> torch.dtype:
 def start_generators(cfg: RegenConfig, target_path: str, device: str,
                      dtype: torch.dtype) -> list[Any]:
     """``cfg.num_workers`` plain actors (methods on their main thread), one GPU each on cuda."""
-    options: dict[str, Any] = {"num_cpus": cfg.cpus_per_worker,
-                               "runtime_env": {"env_vars": launcher.actor_env()}}
-    if device == "cuda":
-        options["num_gpus"] = 1
-    actor = ray.remote(GeneratorWorker).options(**options)
-    return [actor.remote(rank, target_path, device, dtype, cfg.max_new_tokens)
+    placement = Placement(cpus=cfg.cpus_per_worker, gpus=1.0 if device == "cuda" else 0.0)
+    return [start_actor(GeneratorWorker, placement, rank=rank, target_path=target_path,
+                        device=device, dtype=dtype, max_new_tokens=cfg.max_new_tokens)
             for rank in range(cfg.num_workers)]
 
 
 def stop_generators(workers: Sequence[Any]) -> None:
-    for handle in workers:
-        ray.kill(handle)
+    kill_actors(list(workers))
 
 
 def ordered_results(workers: Sequence[Any], batches: Iterator[list[GenRequest]],

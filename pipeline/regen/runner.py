@@ -14,12 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-import ray
-
 from pipeline.assets import resolve_target_path
 from pipeline.data.reader import Conversation, read_conversations
 from pipeline.data.stats import DataStats
-from pipeline.regen.actors import (init_ray, ordered_results, pick_device, pick_dtype,
+from pipeline.regen.actors import (ordered_results, pick_device, pick_dtype, ray_session,
                                    start_generators, stop_generators)
 from pipeline.regen.config import RegenConfig
 from pipeline.regen.messages import GenRequest, GenResult
@@ -129,8 +127,13 @@ def execute(plan: Plan) -> RegenSummary:
 
 
 def _generate(plan: Plan, batches: Iterator[list[GenRequest]], summary: RegenSummary) -> None:
+    with ray_session(plan.cfg):
+        _generate_on_ray(plan, batches, summary)
+
+
+def _generate_on_ray(plan: Plan, batches: Iterator[list[GenRequest]],
+                     summary: RegenSummary) -> None:
     cfg = plan.cfg
-    own_ray = init_ray(cfg)
     workers: list = []
     progress = LineProgress(plan.total_lines, plan.resumed, plan.stats.skipped_bad)
     try:
@@ -150,8 +153,6 @@ def _generate(plan: Plan, batches: Iterator[list[GenRequest]], summary: RegenSum
     finally:
         progress.close()
         stop_generators(workers)
-        if own_ray:
-            ray.shutdown()
 
 
 def run(cfg: RegenConfig) -> RegenSummary:

@@ -11,12 +11,12 @@ from typing import Callable, Optional
 
 import torch
 
-from pipeline.config import TrainConfig
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
 from pipeline.objective.loss import LossParts
 from pipeline.objective.step import Objective, drafter_loss
+from pipeline.training.config import OptimConfig
 from pipeline.training.metrics import StepTotals
 from pipeline.training.optim import apply_update, build_optimizer, build_scheduler
 
@@ -32,19 +32,20 @@ def build_drafter(spec: DrafterSpec, seed: int, device: str) -> DFlashDrafter:
 
 
 class DrafterTrainer:
-    def __init__(self, spec: DrafterSpec, options: DrafterConfig, train: TrainConfig,
-                 head: TargetHead, device: str, autocast_dtype: Optional[torch.dtype],
-                 total_steps: int) -> None:
+    def __init__(self, spec: DrafterSpec, options: DrafterConfig, optim: OptimConfig,
+                 seed: int, head: TargetHead, device: str,
+                 autocast_dtype: Optional[torch.dtype], total_steps: int) -> None:
         self.spec = spec
         self.options = options
-        self.train = train
+        self.optim = optim
+        self.seed = seed
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.head = head.to(device, autocast_dtype or torch.float32)
-        self.model = build_drafter(spec, train.seed, device)
+        self.model = build_drafter(spec, seed, device)
         self.objective = Objective.from_config(spec, options)
-        self.optimizer = build_optimizer(self.model, train)
-        self.scheduler = build_scheduler(self.optimizer, total_steps, train)
+        self.optimizer = build_optimizer(self.model, optim)
+        self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
         self.forward = self._compiled(options.compile)
         self.totals = StepTotals()
         self.local_denominator = 0.0  # this replica's share of the current step
@@ -64,7 +65,7 @@ class DrafterTrainer:
     def forward_backward(self, features: torch.Tensor, input_ids: torch.Tensor,
                          loss_mask: torch.Tensor, sample_ids: list[int], epoch: int) -> LossParts:
         """Backpropagate one micro-batch's loss numerator; gradients accumulate in .grad."""
-        anchors = self.objective.anchors(loss_mask.cpu(), sample_ids, self.train.seed, epoch)
+        anchors = self.objective.anchors(loss_mask.cpu(), sample_ids, self.seed, epoch)
         if self.options.compile == "reduce-overhead":
             # CUDA graphs reuse output buffers across replays: mark the new iteration.
             torch.compiler.cudagraph_mark_step_begin()
@@ -91,7 +92,7 @@ class DrafterTrainer:
                     p.grad = torch.zeros_like(p)  # a replica without micro-batches adds zeros
             denominator = reduce([p.grad for p in self.model.parameters()], denominator)
         norm = apply_update(self.model, self.optimizer, self.scheduler, denominator,
-                            self.train.grad_clip)
+                            self.optim.grad_clip)
         self.local_denominator = 0.0
         self.steps_done += 1
         return denominator, norm

@@ -7,10 +7,10 @@ import math
 import torch
 from torch import nn
 
-from pipeline.config import TrainConfig
+from pipeline.training.config import OptimConfig
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas),
                              weight_decay=cfg.weight_decay)
@@ -26,7 +26,7 @@ def lr_factor(step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: fl
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
-                    cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+                    cfg: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
 

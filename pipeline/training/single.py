@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 def plan_for(job: JobConfig, sample_ids: list[int]) -> list[StepPlan]:
     """The job's step plan: num_drafters * grad_accum micro-batches per step."""
-    return job_plan(sample_ids, job.data.seed, job.train.epochs, job.data.micro_batch_size,
-                    job.cluster.num_drafters * job.train.grad_accum, job.train.max_steps)
+    plan = job.train.plan
+    return job_plan(sample_ids, job.data.seed, plan.epochs, job.data.micro_batch_size,
+                    job.cluster.num_drafters * plan.grad_accum, plan.max_steps)
 
 
 class SingleProcessTrainer:
@@ -43,7 +44,7 @@ class SingleProcessTrainer:
         self.plans = plan_for(job, self.dataset.sample_ids)
         self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
                                   r.target_dtype, compile=job.target.compile)
-        self.drafter = DrafterTrainer(r.spec, job.drafter, job.train,
+        self.drafter = DrafterTrainer(r.spec, job.drafter, job.train.optim, job.train.seed,
                                       load_target_head(r.target_path), r.device,
                                       r.autocast_dtype, total_steps=len(self.plans))
         self.pad_to = job.data.max_length if job.drafter.static_shapes else None
@@ -52,13 +53,13 @@ class SingleProcessTrainer:
     def evaluate_tau(self) -> float:
         from pipeline.eval.tau import evaluate_tau, heldout_prompts, load_full_target
 
-        train = self.job.train
+        cfg = self.job.train.eval
         if self._full_target is None:
             self._full_target = load_full_target(self.r.target_path, self.r.device,
                                                  self.r.target_dtype)
-        prompts = heldout_prompts(self.r.heldout_path, self.tokenizer, train.eval_prompts)
+        prompts = heldout_prompts(self.r.heldout_path, self.tokenizer, cfg.prompts)
         tau = evaluate_tau(self._full_target, self.drafter.model, self.drafter.head, prompts,
-                           train.eval_max_new_tokens, self.r.eos_token_id)
+                           cfg.max_new_tokens, self.r.eos_token_id)
         log.info("tau %.3f on %d held-out prompts", tau, len(prompts))
         return tau
 

@@ -34,18 +34,29 @@ class RingHandle:
 
 
 @dataclass(frozen=True)
+class ProduceMeta:
+    """Rides on a SlotReady: which micro-batch the slot holds, and what producing it cost."""
+
+    step: int
+    index: int
+    start_s: float
+    busy_s: float
+    on_main_thread: bool
+
+
+@dataclass(frozen=True)
 class SlotReady:
     """A target finished writing ``shape`` elements into ``slot`` for ``sample_ids``.
 
-    ``meta`` carries small per-batch extras (step numbers, timings): plain python
-    data only, never tensors, which would be copied through Ray's object store.
+    ``meta`` is filled in by the target once the slot is published (the cost is known only
+    then); plain numbers, never tensors, which would be copied through Ray's object store.
     """
 
     target_rank: int
     slot: int
     shape: tuple[int, ...]
     sample_ids: tuple[int, ...]
-    meta: Any = None
+    meta: Optional[ProduceMeta] = None
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from pipeline.transport.ledger import SlotLedger, SlotState
-from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
+from pipeline.transport.messages import ProduceMeta, RingHandle, SlotAck, SlotReady
 from pipeline.transport.shared import BufferPayload, export_buffer, open_buffer
 
 # SlotLedger lives in its own torch-free module; it is re-exported as the ring's driver side.
@@ -87,7 +87,7 @@ class SlotRing:
         return _slot_view(self.buffer, index, self.slot_numel, shape)
 
     def publish(self, index: int, shape: Sequence[int], sample_ids: Sequence[int],
-                meta: Any = None) -> SlotReady:
+                meta: Optional[ProduceMeta] = None) -> SlotReady:
         """Declare slot ``index`` written; the returned message may be sent to any consumer."""
         shape = tuple(int(s) for s in shape)
         assert index in self._writing, (
@@ -96,8 +96,9 @@ class SlotRing:
         assert self._writing[index] == shape, (
             f"target {self.target_rank}: slot {index} was given for shape {self._writing[index]}, "
             f"published as {shape}")
-        if isinstance(meta, torch.Tensor):
-            raise ValueError("publish: meta must be plain python data, not a tensor")
+        if meta is not None and not isinstance(meta, ProduceMeta):
+            raise ValueError(f"publish: meta must be a ProduceMeta or None, not "
+                             f"{type(meta).__name__}")
         if self.device.type == "cuda":
             # Kernels run asynchronously: without this the consumer, in another process and on
             # another stream, can read the slot before the writes have landed (seen on 2x H200:

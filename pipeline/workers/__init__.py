@@ -1,1 +1,2 @@
-"""Plain classes that the launcher wraps as Ray actors; tests drive them without Ray."""
+"""Plain classes that pipeline.ray_start.start_actor wraps as Ray actors; tests drive them
+without Ray."""

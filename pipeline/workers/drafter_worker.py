@@ -14,30 +14,32 @@ from typing import Optional, Sequence
 
 import torch
 
-from pipeline.config import TrainConfig
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
-from pipeline.messages import MicroBatch, MicroResult, StepResult
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
+from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
+from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
 
 
 class DrafterWorker:
-    def __init__(self, rank: int, world_size: int, spec: DrafterSpec, options: DrafterConfig,
-                 train: TrainConfig, target_path: str, device: str,
-                 autocast_dtype: Optional[torch.dtype], feature_dtype: torch.dtype,
+    def __init__(self, *, rank: int, world_size: int, spec: DrafterSpec,
+                 options: DrafterConfig, optim: OptimConfig, seed: int, target_path: str,
+                 device: str, autocast_dtype: Optional[torch.dtype], feature_dtype: torch.dtype,
                  feature_numel: int, total_steps: int) -> None:
+        """Keyword-only: ``autocast_dtype`` (drafter compute) and ``feature_dtype`` (what the
+        target hands over) are both bfloat16 on CUDA, so a swap by position would go unseen."""
         self.rank = rank
         self.world_size = world_size
         self.device = actor_device(device)
         self.target_path = target_path
-        self.trainer = DrafterTrainer(spec, options, train, load_target_head(target_path),
+        self.trainer = DrafterTrainer(spec, options, optim, seed, load_target_head(target_path),
                                       self.device.type, autocast_dtype, total_steps)
         self.reader = RingReader(self.device)
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)

@@ -1,6 +1,6 @@
 """A generator worker: the target on one device, answering conversations greedily.
 
-A plain class: :mod:`pipeline.regen.runner` applies ``ray.remote`` (one actor per GPU), and
+A plain class: :func:`pipeline.ray_start.start_actor` makes it an actor (one per GPU), and
 tests build it directly on CPU.
 """
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class GeneratorWorker:
-    def __init__(self, rank: int, target_path: str, device: str, dtype: torch.dtype,
+    def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
                  max_new_tokens: int) -> None:
         self.rank = rank
         self.device = actor_device(device)

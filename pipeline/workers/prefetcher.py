@@ -10,10 +10,9 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.checkpoint import ResumePoint
 from pipeline.data import ChatDataset, DataConfig, collate
-from pipeline.messages import MicroBatch, MicroBatchMeta
-from pipeline.training.plan import StepPlan, job_plan
+from pipeline.training.plan import ResumePoint, StepPlan, job_plan
+from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class PlanSummary:
 
 
 class Prefetcher:
-    def __init__(self, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
+    def __init__(self, *, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
                  epochs: int, micro_batches_per_step: int, max_steps: Optional[int],
                  pad_token_id: int, pad_to: Optional[int],
                  resume: Optional[ResumePoint] = None) -> None:

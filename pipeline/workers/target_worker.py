@@ -8,15 +8,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from pipeline.messages import MicroBatch, ProduceMeta
 from pipeline.model.target import load_target
-from pipeline.transport.messages import RingHandle, SlotReady
+from pipeline.transport.messages import ProduceMeta, RingHandle, SlotReady
 from pipeline.transport.ring import SlotRing
 from pipeline.workers.common import actor_device, on_main_thread
+from pipeline.workers.messages import MicroBatch
 
 
 class TargetWorker:
-    def __init__(self, rank: int, target_path: str, tap_ids: Sequence[int], device: str,
+    def __init__(self, *, rank: int, target_path: str, tap_ids: Sequence[int], device: str,
                  dtype: torch.dtype, num_slots: int, slot_numel: int,
                  node_id: Optional[str] = None, compile: bool = False) -> None:
         self.rank = rank

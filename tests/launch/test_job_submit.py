@@ -133,12 +133,12 @@ def _submit(head: Head, env: dict[str, str], *args: str) -> subprocess.Completed
 def test_submit_without_the_token_is_refused(ray_head):
     """A wrong token is rejected (403), and so is none at all (401), before anything runs."""
     wrong = dict(ray_head.env, RAY_AUTH_TOKEN=secrets.token_hex(32))
-    proc = _submit(ray_head, wrong, "--no-wait", "--", "train.max_steps=1")
+    proc = _submit(ray_head, wrong, "--no-wait", "--", "train.plan.max_steps=1")
     assert proc.returncode != 0
     assert "Invalid authentication token" in proc.stdout + proc.stderr, proc.stderr[-3000:]
     no_token = dict(ray_head.env, RAY_AUTH_MODE="disabled")
     no_token.pop("RAY_AUTH_TOKEN")
-    proc = _submit(ray_head, no_token, "--no-wait", "--", "train.max_steps=1")
+    proc = _submit(ray_head, no_token, "--no-wait", "--", "train.plan.max_steps=1")
     assert proc.returncode != 0
     assert "Missing authentication token" in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
@@ -147,8 +147,8 @@ def test_submit_runs_training_on_the_cluster(ray_head, tiny_assets, tmp_path):
     """With RAY_AUTH_TOKEN alone in the environment (no RAY_AUTH_MODE), as a user would."""
     out = tmp_path / "run"
     proc = _submit(ray_head, ray_head.env, "--env", f"DFLASH_ASSETS_DIR={tiny_assets.root}",
-                   "--", "train.max_steps=3", "train.eval_prompts=1",
-                   "train.eval_max_new_tokens=4", "cluster.drafters_per_node=2",
+                   "--", "train.plan.max_steps=3", "train.eval.prompts=1",
+                   "train.eval.max_new_tokens=4", "cluster.drafters_per_node=2",
                    f"train.out_dir={out}", "cluster.address=auto")
     logs = proc.stdout + proc.stderr
     assert proc.returncode == 0, logs[-5000:]

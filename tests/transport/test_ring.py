@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline.transport.messages import SlotAck
+from pipeline.transport.messages import ProduceMeta, SlotAck
 from pipeline.transport.ring import RingReader, SlotRing
 
 
@@ -24,8 +24,9 @@ def test_shapes_vary_per_message_up_to_capacity(shape):
     reader.attach(ring.handle())
     data = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).view(shape) + 100
     ring.slot(2, shape).copy_(data)
-    ready = ring.publish(2, shape, range(shape[0]), meta={"step": 4})
-    assert (ready.slot, ready.shape, ready.meta) == (2, shape, {"step": 4})
+    meta = ProduceMeta(step=4, index=0, start_s=0.0, busy_s=0.0, on_main_thread=True)
+    ready = ring.publish(2, shape, range(shape[0]), meta=meta)
+    assert (ready.slot, ready.shape, ready.meta) == (2, shape, meta)
     assert torch.equal(reader.view(ready), data)
     out = torch.zeros(30)
     assert reader.copy_out(ready, out) == SlotAck(0, 2)
@@ -60,7 +61,7 @@ def test_publish_checks_the_shape_and_meta():
     ring.slot(0, (2, 4))
     with pytest.raises(AssertionError, match=r"given for shape \(2, 4\), published as \(4, 2\)"):
         ring.publish(0, (4, 2), [0, 1])
-    with pytest.raises(ValueError, match="meta must be plain python data"):
+    with pytest.raises(ValueError, match="meta must be a ProduceMeta or None, not Tensor"):
         ring.publish(0, (2, 4), [0, 1], meta=torch.zeros(1))
 
 

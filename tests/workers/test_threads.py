@@ -9,7 +9,7 @@ from pipeline.workers.common import on_main_thread
 
 
 class Probe:
-    """A plain class, wrapped by ray.remote below, as the launcher does for workers."""
+    """A plain class, wrapped by ray.remote below, as ray_start.start_actor does for workers."""
 
     def where(self) -> bool:
         return on_main_thread()

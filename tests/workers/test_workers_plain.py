@@ -2,13 +2,13 @@
 
 import torch
 
-from pipeline.config import TrainConfig
 from pipeline.dist.rendezvous import destroy_group, pick_master
-from pipeline.messages import MicroBatch, MicroBatchMeta
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.target import load_target_head
+from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.workers.drafter_worker import DrafterWorker
+from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 from pipeline.workers.target_worker import TargetWorker
 
 MASK_ID = 95  # the last row of the random target's vocabulary (tests/conftest.py)
@@ -19,11 +19,14 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
                             num_anchors=4)
     spec = build_drafter_spec(target_config, options)
     numel = 2 * 24 * spec.feature_size
-    target = TargetWorker(0, str(random_target_dir), spec.target_layer_ids, "cpu",
-                          torch.float32, num_slots=2, slot_numel=numel)
-    train = TrainConfig(lr=1e-3, warmup_ratio=0.0)
-    drafter = DrafterWorker(0, 1, spec, options, train, str(random_target_dir), "cpu", None,
-                            torch.float32, numel, total_steps=1)
+    target = TargetWorker(rank=0, target_path=str(random_target_dir),
+                          tap_ids=spec.target_layer_ids, device="cpu", dtype=torch.float32,
+                          num_slots=2, slot_numel=numel)
+    optim = OptimConfig(lr=1e-3, warmup_ratio=0.0)
+    drafter = DrafterWorker(rank=0, world_size=1, spec=spec, options=options, optim=optim,
+                            seed=0, target_path=str(random_target_dir), device="cpu",
+                            autocast_dtype=None, feature_dtype=torch.float32,
+                            feature_numel=numel, total_steps=1)
     master = pick_master()
     drafter.init_group(master.addr, master.port)
     try:
@@ -41,8 +44,8 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
         result = drafter.forward_backward(batch)
         step = drafter.step(0)
         # The same micro-batch through a plain DrafterTrainer gives the same loss and update.
-        ref = DrafterTrainer(spec, options, train, load_target_head(random_target_dir), "cpu",
-                             None, total_steps=1)
+        ref = DrafterTrainer(spec, options, optim, 0, load_target_head(random_target_dir),
+                             "cpu", None, total_steps=1)
         feats = target.target(ids)
         parts = ref.forward_backward(feats, ids, mask, [5, 9], 0)
         ref.step()

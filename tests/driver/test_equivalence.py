@@ -6,14 +6,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.compose import compose_job
-from pipeline.driver import Driver
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
 from pipeline.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
 from pipeline.training.single import SingleProcessTrainer
 
-BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval_every=-1",
-        "train.export_dtype=float32", "train.lr=1e-3", "train.warmup_ratio=0.0"]
+BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval.every=-1",
+        "train.export_dtype=float32", "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0"]
 
 
 def _weights(folder):
@@ -22,7 +22,7 @@ def _weights(folder):
 
 def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, small_train_file,
                                                                tmp_path):
-    over = BASE + ["train.grad_accum=3", "data.micro_batch_size=1", "train.max_steps=2",
+    over = BASE + ["train.plan.grad_accum=3", "data.micro_batch_size=1", "train.plan.max_steps=2",
                    f"data.train_path={small_train_file}"]
     ray_job = compose_job(over + [f"train.out_dir={tmp_path / 'ray'}"])
     summary = Driver(ray_job).run()
@@ -54,7 +54,7 @@ def test_every_sample_trained_exactly_once_per_epoch(ray_cluster, tiny_assets, t
     subset = tmp_path / "subset.jsonl"
     lines = open(tiny_assets.train_path).read().splitlines()[:22]
     subset.write_text("\n".join(lines) + "\n")
-    job = compose_job(BASE + ["train.epochs=2", "data.micro_batch_size=3",
+    job = compose_job(BASE + ["train.plan.epochs=2", "data.micro_batch_size=3",
                               f"data.train_path={subset}", f"train.out_dir={tmp_path}"])
     summary = Driver(job).run()
     assert [a.epoch for a in summary.accounts] == [0, 1]

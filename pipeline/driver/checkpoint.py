@@ -4,8 +4,8 @@ A checkpoint is ``<out_dir>/checkpoints/step_<N>/`` with ``drafter.pt`` (fp32 we
 optimizer and scheduler state, RNG states; written by drafter rank 0, replicas being
 identical) and ``state.json`` (steps done, the data cursor as (epoch, samples done in it)).
 It is written under a temporary name and renamed once complete, so a crash never leaves a
-half checkpoint that ``train.resume=auto`` could pick. With several nodes the out_dir must be
-on a filesystem that drafter rank 0 and the driver share.
+half checkpoint that ``train.checkpoint.resume=auto`` could pick. With several nodes the
+out_dir must be on a filesystem that drafter rank 0 and the driver share.
 """
 
 from __future__ import annotations
@@ -13,20 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from pipeline.training.plan import ResumePoint
+
 _PREFIX = "step_"
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where training continues: the next global step, and the data cursor."""
-
-    step: int             # optimizer steps already taken
-    epoch: int            # epoch the next sample comes from
-    samples_done: int     # samples of that epoch already trained
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -69,8 +62,9 @@ def resolve_resume(resume: Optional[str], out_dir: str | Path) -> Optional[Path]
         return latest(out_dir)
     path = Path(resume)
     if not (path / "state.json").exists() or not (path / "drafter.pt").exists():
-        raise ValueError(f"train.resume={resume!r} is not a checkpoint folder (state.json and "
-                         "drafter.pt expected); allowed: null, auto, or such a folder")
+        raise ValueError(f"train.checkpoint.resume={resume!r} is not a checkpoint folder "
+                         "(state.json and drafter.pt expected); allowed: null, auto, or such "
+                         "a folder")
     return path
 
 

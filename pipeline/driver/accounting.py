@@ -21,7 +21,7 @@ class EpochAccount:
         return not self.missing and not self.repeated and self.trained == self.expected
 
     def summary(self) -> str:
-        cut = "" if self.complete else " (epoch cut by train.max_steps)"
+        cut = "" if self.complete else " (epoch cut by train.plan.max_steps)"
         return (f"epoch {self.epoch}: {self.trained}/{self.expected} planned samples trained, "
                 f"{len(self.missing)} missing, {len(self.repeated)} repeated{cut}")
 

@@ -6,22 +6,24 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import ray
 
-from pipeline import checkpoint as ckpt
-from pipeline.accounting import EpochAccount, SampleAccounting
-from pipeline.actors import Actors, connect, shutdown, start_actors
 from pipeline.config import JobConfig
-from pipeline.launcher import check_cluster, init_ray, start_actor
-from pipeline.progress import Progress
-from pipeline.report import step_metrics
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.accounting import EpochAccount, SampleAccounting
+from pipeline.driver.actors import ActorGroup
+from pipeline.driver.cursor import Cursor
+from pipeline.driver.launcher import check_cluster
+from pipeline.driver.progress import Progress
+from pipeline.driver.report import step_metrics
+from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
+from pipeline.driver.telemetry import MetricsLogger
+from pipeline.driver.trace import TraceRecorder
+from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
-from pipeline.scheduler import StepLoop, StepReport, Topology
-from pipeline.telemetry import MetricsLogger
-from pipeline.trace import TraceRecorder
-from pipeline.workers.prefetcher import PlanSummary, Prefetcher
+from pipeline.workers.prefetcher import PlanSummary
 
 log = logging.getLogger(__name__)
 
@@ -54,60 +56,47 @@ class Driver:
         self.job = job
         self.r = resolve_job(job)
         self.out_dir = Path(job.train.out_dir)
-        self.resume_from = ckpt.resolve_resume(job.train.resume, self.out_dir)
+        self.resume_from = ckpt.resolve_resume(job.train.checkpoint.resume, self.out_dir)
         self.resume = ckpt.read_point(self.resume_from) if self.resume_from else None
         self._heldout: Optional[list[list[int]]] = None
 
     def run(self) -> RunSummary:
-        job = self.job
+        c = self.job.cluster
         t_start = time.perf_counter()
-        c = job.cluster
-        init_ray(c.address, (c.targets_per_node + c.drafters_per_node) * c.cpus_per_actor + 1)
-        check_cluster(job.cluster, self.r.device)
-        actors = Actors(None, [], [], [], [], [])
+        with ray_session(c.address, (c.targets_per_node + c.drafters_per_node)
+                         * c.cpus_per_actor + 1):
+            check_cluster(c, self.r.device)
+            with ActorGroup(self.job, self.r, self.resume) as actors:
+                self._load_checkpoint(actors)
+                return self._run(actors, t_start)
+
+    def _load_checkpoint(self, actors: ActorGroup) -> None:
+        if self.resume_from is None:
+            return
+        step = actors.load_checkpoint(str(self.resume_from))
+        assert step == self.resume.step, f"checkpoint step mismatch: {step} != {self.resume}"
+        log.info("resumed from %s at step %d", self.resume_from, step)
+
+    def _run(self, actors: ActorGroup, t_start: float) -> RunSummary:
+        job, plan = self.job, actors.plan
+        summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples)
+        metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
         try:
-            plan = self._start(actors)
-            summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples)
-            metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
-            try:
-                if self.resume is None:
-                    summary.tau_before = self._evaluate(actors, metrics, 0, "before")
-                self._train(actors, plan, metrics, summary)
-                summary.export_dir = ray.get(actors.drafters[0].export.remote(
-                    str(self.out_dir / "export"), job.train.export_dtype))
-                summary.tau_after = self._evaluate(actors, metrics, summary.end_step, "after")
-                summary.wall_s = time.perf_counter() - t_start
-                metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
-                                 "tau_after": summary.tau_after,
-                                 "accounts": [a.summary() for a in summary.accounts]})
-            finally:
-                metrics.close()
+            if self.resume is None:
+                summary.tau_before = self._evaluate(actors, metrics, 0, "before")
+            self._train(actors, plan, metrics, summary)
+            summary.export_dir = ray.get(actors.drafters[0].export.remote(
+                str(self.out_dir / "export"), job.train.export_dtype))
+            summary.tau_after = self._evaluate(actors, metrics, summary.end_step, "after")
+            summary.wall_s = time.perf_counter() - t_start
+            metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
+                             "tau_after": summary.tau_after,
+                             "accounts": [a.summary() for a in summary.accounts]})
         finally:
-            shutdown(actors)
+            metrics.close()
         return summary
 
-    def _start(self, actors: Actors) -> PlanSummary:
-        """Prefetcher first (its plan sizes the schedules), then targets and drafters."""
-        job, r, c = self.job, self.r, self.job.cluster
-        per_step = c.num_drafters * job.train.grad_accum
-        actors.prefetcher = start_actor(
-            Prefetcher, None, 0, r.device, c.cpus_per_actor, r.train_path, r.target_path,
-            job.data, r.spec.block_size, job.train.epochs, per_step, job.train.max_steps,
-            r.pad_token_id, job.data.max_length if job.drafter.static_shapes else None,
-            self.resume)
-        plan = ray.get(actors.prefetcher.summary.remote())
-        log.info("data: %s; steps %d..%d of %d micro-batches", plan.data_summary,
-                 plan.first_step + 1, plan.end_step, per_step)
-        start_actors(job, r, plan, actors)
-        connect(actors)
-        if self.resume_from is not None:
-            done = ray.get([d.load_checkpoint.remote(str(self.resume_from))
-                            for d in actors.drafters])
-            assert set(done) == {self.resume.step}, f"checkpoint step mismatch: {done}"
-            log.info("resumed from %s at step %d", self.resume_from, self.resume.step)
-        return plan
-
-    def _train(self, actors: Actors, plan: PlanSummary, metrics: MetricsLogger,
+    def _train(self, actors: ActorGroup, plan: PlanSummary, metrics: MetricsLogger,
                summary: RunSummary) -> None:
         accounting = SampleAccounting(plan.sample_ids)
         cursor = Cursor(plan, self.resume)
@@ -131,19 +120,17 @@ class Driver:
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
 
-        def after_step(step: int) -> list:
+        def after_step(step: int) -> list[AfterStepCall]:
             calls = []
-            every = self.job.train.eval_every
+            every = self.job.train.eval.every
             if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
                 calls.append(self._evaluate_async(actors, metrics, step + 1))
             if self._checkpoint_due(step + 1, stop):
                 calls.append(self._save_async(actors, cursor, summary, step))
             return calls
 
-        topo = Topology(actors.prefetcher, actors.targets, actors.drafters, actors.target_node,
-                        actors.drafter_node, self.job.cluster.num_slots)
         try:
-            StepLoop(topo, stop, plan.first_step, on_step, after_step).run()
+            StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step).run()
         finally:
             progress.close()
             written = trace.write(self.out_dir / "trace.json")
@@ -151,7 +138,8 @@ class Driver:
                 log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
                          self.job.logger.trace_start + self.job.logger.trace_steps, written)
 
-    def _save_async(self, actors: Actors, cursor: "Cursor", summary: RunSummary, step: int):
+    def _save_async(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary,
+                    step: int) -> AfterStepCall:
         """Queue a checkpoint on drafter rank 0 right behind step ``step``."""
         staging = ckpt.staging_dir(self.out_dir, step + 1)
         ref = actors.drafters[0].save_checkpoint.remote(str(staging))
@@ -162,21 +150,22 @@ class Driver:
                                                    "job": asdict(self.job)})
             summary.checkpoints.append(str(final))
             log.info("checkpoint %s", final)
-        return ref, done
+        return AfterStepCall(ref, done)
 
-    def _evaluate_async(self, actors: Actors, metrics: MetricsLogger, step: int):
+    def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
+                        step: int) -> AfterStepCall:
         """Queue a tau evaluation of the weights after ``step`` on drafter rank 0."""
         def done(tau: float) -> None:
             metrics.log({"eval/tau": tau, "trainer/step": step}, step)
             log.info("tau at step %d: %.3f", step, tau)
-        return self._tau_ref(actors), done
+        return AfterStepCall(self._tau_ref(actors), done)
 
     def _stop_step(self, plan: PlanSummary) -> int:
-        stop = self.job.train.stop_at_step
+        stop = self.job.train.plan.stop_at_step
         return plan.end_step if stop is None else max(plan.first_step, min(stop, plan.end_step))
 
     def _checkpoint_due(self, steps_done: int, end_step: int) -> bool:
-        every = self.job.train.save_every
+        every = self.job.train.checkpoint.every
         return steps_done == end_step or (every > 0 and steps_done % every == 0)
 
     def _check_replicas(self, report: StepReport, summary: RunSummary) -> None:
@@ -189,9 +178,9 @@ class Driver:
             log.warning("drafter.compile=reduce-overhead, but inductor skipped %d CUDA "
                         "graph(s): see TORCH_LOGS=perf_hints for why", skips)
 
-    def _evaluate(self, actors: Actors, metrics: MetricsLogger, step: int,
+    def _evaluate(self, actors: ActorGroup, metrics: MetricsLogger, step: int,
                   label: str) -> Optional[float]:
-        if self.job.train.eval_every < 0 or self.job.train.eval_prompts == 0:
+        if self.job.train.eval.every < 0 or self.job.train.eval.prompts == 0:
             return None
         tau = ray.get(self._tau_ref(actors))
         metrics.log({"eval/tau": tau, "trainer/step": step}, step)
@@ -207,37 +196,9 @@ class Driver:
 
             tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
             self._heldout = heldout_prompts(self.r.heldout_path, tokenizer,
-                                            self.job.train.eval_prompts)
+                                            self.job.train.eval.prompts)
         return self._heldout
 
-    def _tau_ref(self, actors: Actors):
+    def _tau_ref(self, actors: ActorGroup) -> Any:
         return actors.drafters[0].evaluate_tau.remote(
-            self._prompts(), self.job.train.eval_max_new_tokens, self.r.eos_token_id)
-
-
-class Cursor:
-    """The data cursor after each planned step: (epoch, samples of it done)."""
-
-    def __init__(self, plan: PlanSummary, resume: Optional[ckpt.ResumePoint]) -> None:
-        self.plan = plan
-        self.num_samples = plan.num_samples
-        start = resume.samples_done if resume else 0
-        self.points: dict[int, ckpt.ResumePoint] = {}
-        done: dict[int, int] = {}
-        for i, (epoch, n) in enumerate(zip(plan.step_epochs, plan.step_samples)):
-            first = resume is not None and epoch == resume.epoch
-            done[epoch] = done.get(epoch, start if first else 0) + n
-            step = plan.first_step + i
-            if done[epoch] >= self.num_samples:
-                self.points[step] = ckpt.ResumePoint(step + 1, epoch + 1, 0)
-            else:
-                self.points[step] = ckpt.ResumePoint(step + 1, epoch, done[epoch])
-
-    def after(self, step: int) -> ckpt.ResumePoint:
-        return self.points[step]
-
-    def epoch_ends_at(self, step: int) -> bool:
-        """The last planned step of its epoch (complete, or cut by max_steps)."""
-        i = step - self.plan.first_step
-        epochs = self.plan.step_epochs
-        return i == len(epochs) - 1 or epochs[i + 1] != epochs[i]
+            self._prompts(), self.job.train.eval.max_new_tokens, self.r.eos_token_id)

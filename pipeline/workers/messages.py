@@ -72,13 +72,3 @@ class StepResult:
     on_main_thread: bool
     cudagraph_skips: int  # graphs inductor declined to capture (reduce-overhead only)
 
-
-@dataclass(frozen=True)
-class ProduceMeta:
-    """Rides on a SlotReady from a target: which micro-batch, and what it cost."""
-
-    step: int
-    index: int
-    start_s: float
-    busy_s: float
-    on_main_thread: bool

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeline.scheduler import StepReport
+from pipeline.driver.scheduler import StepReport
 from pipeline.training.metrics import StepTotals, metrics_dict
 
 

@@ -9,6 +9,7 @@ step s's update always lands after its micro-batches and before step s+1's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import defaultdict, deque
@@ -17,9 +18,9 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from pipeline.messages import MicroBatchMeta, MicroResult, ProduceMeta, StepResult
 from pipeline.transport.ledger import SlotLedger
-from pipeline.transport.messages import SlotAck, SlotReady
+from pipeline.transport.messages import SlotReady
+from pipeline.workers.messages import MicroBatchMeta, MicroResult, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,27 @@ class Topology:
     prefetcher: Any
     targets: list[Any]
     drafters: list[Any]
-    target_node: list[int]
-    drafter_node: list[int]
+    target_node: list[int]  # node index of each target
+    drafter_node: list[int]  # node index of each drafter
     num_slots: int
+
+
+@dataclass(frozen=True)
+class SlotWait:
+    """A ready slot waiting for a drafter to take it (wall clock, for the trace)."""
+
+    target: int
+    ready_at: float
+    taken_at: float
+
+
+@dataclass(frozen=True)
+class AfterStepCall:
+    """A call the driver queued on a drafter right behind a step (a checkpoint save, a tau
+    evaluation), and what to do with its result once it is done."""
+
+    ref: Any  # ray.ObjectRef
+    on_done: Callable[[Any], None]
 
 
 @dataclass
@@ -43,17 +62,11 @@ class StepReport:
     micro: list[MicroResult]
     results: list[StepResult]
     produce_busy_s: dict[int, float]
-    produced: list[tuple[int, ProduceMeta]]     # (target, its span) per micro-batch
-    slot_waits: list[tuple[int, float, float]]  # (target, ready at, taken at), wall clock
+    produced: list[SlotReady]  # one per micro-batch, with the target's span in .meta
+    slot_waits: list[SlotWait]
     wall_s: float
     slot_wait_s: float
     ready_depth: float
-
-
-@dataclass
-class _Pending:
-    kind: str  # "batch" | "produce" | "ack" | "micro" | "step" | "extra"
-    info: Any = None
 
 
 @dataclass
@@ -63,24 +76,26 @@ class _StepState:
     micro: list[MicroResult] = field(default_factory=list)
     results: list[StepResult] = field(default_factory=list)
     produce_busy: dict[int, float] = field(default_factory=lambda: defaultdict(float))
-    produced: list = field(default_factory=list)
-    slot_waits: list = field(default_factory=list)
+    produced: list[SlotReady] = field(default_factory=list)
+    slot_waits: list[SlotWait] = field(default_factory=list)
     slot_wait_s: float = 0.0
     depth_samples: list[int] = field(default_factory=list)
+
+
+# What to do with a finished ref's value: each pending ref carries its own bound handler.
+Handler = Callable[[Any], None]
 
 
 class StepLoop:
     def __init__(self, topo: Topology, end_step: int, first_step: int = 0,
                  on_step: Optional[Callable[[StepReport], None]] = None,
-                 after_step_call: Optional[Callable[[int], list[tuple[Any, Callable]]]] = None,
+                 after_step: Optional[Callable[[int], list[AfterStepCall]]] = None,
                  max_queued_per_drafter: int = 2) -> None:
-        """``after_step_call(step)`` returns (ref, callback) pairs: calls the driver queued on a
-        drafter right behind step ``step`` (a checkpoint save, a tau evaluation), and what to
-        do once each is done.
-        """
+        """``after_step(step)`` returns the calls the driver queued behind step ``step``; the
+        loop runs until those are done too."""
         self.t = topo
         self.num_steps = end_step
-        self.after_step_call = after_step_call
+        self.after_step = after_step
         self.next_step_to_close = first_step
         self.dispatch_step = first_step
         self.on_step = on_step or (lambda report: None)
@@ -91,17 +106,18 @@ class StepLoop:
         self.waiting: deque[tuple[MicroBatchMeta, Any]] = deque()
         self.batch_of: dict[tuple[int, int], tuple[MicroBatchMeta, Any]] = {}
         self.ready_since: dict[tuple[int, int], float] = {}
-        self.pending: dict[Any, _Pending] = {}
+        self.pending: dict[Any, Handler] = {}
         self.queued = [0] * len(topo.drafters)
         self.steps: dict[int, _StepState] = defaultdict(_StepState)
         self.exhausted = False
         self.prefetch_in_flight = 0
+        self.after_step_in_flight = 0
         self.prefetch_depth = len(topo.targets) * topo.num_slots + len(topo.drafters)
         self.step_started = time.perf_counter()
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        while self.next_step_to_close < self.num_steps or self._extra_pending():
+        while self.next_step_to_close < self.num_steps or self.after_step_in_flight:
             self._prefetch()
             self._feed_targets()
             self._feed_drafters()
@@ -110,17 +126,14 @@ class StepLoop:
                                    "nothing in flight and the step is not complete")
             done, _ = ray.wait(list(self.pending), num_returns=1)
             for ref in done:
-                self._complete(ref, self.pending.pop(ref))
-
-    def _extra_pending(self) -> bool:
-        return any(p.kind == "extra" for p in self.pending.values())
+                self.pending.pop(ref)(ray.get(ref))
 
     def _prefetch(self) -> None:
         while (not self.exhausted and
                len(self.waiting) + self.prefetch_in_flight < self.prefetch_depth):
             meta_ref, batch_ref = self.t.prefetcher.next_micro_batch.options(
                 num_returns=2).remote()
-            self.pending[meta_ref] = _Pending("batch", batch_ref)
+            self.pending[meta_ref] = functools.partial(self._on_batch, batch_ref)
             self.prefetch_in_flight += 1
 
     def _feed_targets(self) -> None:
@@ -129,10 +142,11 @@ class StepLoop:
             if target is None:
                 return
             meta, batch_ref = self.waiting.popleft()
-            slot = self.ledgers[self.t.target_node[target]].acquire(target)
+            node = self.t.target_node[target]
+            slot = self.ledgers[node].acquire(target)
             self.batch_of[(target, slot)] = (meta, batch_ref)
             ref = self.t.targets[target].produce.remote(slot, batch_ref)
-            self.pending[ref] = _Pending("produce", target)
+            self.pending[ref] = functools.partial(self._on_produced, node)
 
     def _free_target(self) -> Optional[int]:
         """The target with the most free slots, or None when every ring is full."""
@@ -155,14 +169,14 @@ class StepLoop:
                     break
                 key = (ready.target_rank, ready.slot)
                 meta, batch_ref = self.batch_of.pop(key)
-                ready_at = self.ready_since.pop(key)
-                state.slot_wait_s += time.time() - ready_at
-                state.slot_waits.append((ready.target_rank, ready_at, time.time()))
+                wait = SlotWait(ready.target_rank, self.ready_since.pop(key), time.time())
+                state.slot_wait_s += wait.taken_at - wait.ready_at
+                state.slot_waits.append(wait)
                 state.depth_samples.append(ledger.num_ready + 1)
                 handle = self.t.drafters[drafter]
-                self.pending[handle.load.remote(ready)] = _Pending("ack", node)
-                self.pending[handle.forward_backward.remote(batch_ref)] = _Pending("micro",
-                                                                                  drafter)
+                self.pending[handle.load.remote(ready)] = ledger.release
+                self.pending[handle.forward_backward.remote(batch_ref)] = functools.partial(
+                    self._on_micro, drafter)
                 self.queued[drafter] += 1
                 state.dispatched += 1
                 state.num_micro = meta.num_in_step
@@ -177,39 +191,40 @@ class StepLoop:
     def _close_dispatch(self, step: int) -> None:
         """Every micro-batch of ``step`` is handed out: the step boundary goes to all drafters."""
         for handle in self.t.drafters:
-            self.pending[handle.step.remote(step)] = _Pending("step", step)
-        for ref, callback in (self.after_step_call(step) if self.after_step_call else []):
-            self.pending[ref] = _Pending("extra", callback)
+            self.pending[handle.step.remote(step)] = self._on_step_result
+        for call in (self.after_step(step) if self.after_step else []):
+            self.pending[call.ref] = functools.partial(self._on_after_step, call)
+            self.after_step_in_flight += 1
         self.dispatch_step += 1
 
-    # -- completions ------------------------------------------------------------------------
-    def _complete(self, ref: Any, p: _Pending) -> None:
-        value = ray.get(ref)
-        if p.kind == "batch":
-            self.prefetch_in_flight -= 1
-            if value is None:
-                self.exhausted = True
-            else:
-                self.waiting.append((value, p.info))
-        elif p.kind == "produce":
-            ready: SlotReady = value
-            self.ledgers[self.t.target_node[p.info]].mark_ready(ready)
-            self.ready_since[(ready.target_rank, ready.slot)] = time.time()
-            state = self.steps[ready.meta.step]
-            state.produce_busy[ready.target_rank] += ready.meta.busy_s
-            state.produced.append((ready.target_rank, ready.meta))
-        elif p.kind == "ack":
-            ack: SlotAck = value
-            self.ledgers[p.info].release(ack)
-        elif p.kind == "micro":
-            self.queued[p.info] -= 1
-            self.steps[value.step].micro.append(value)
-            self._close_completed()
-        elif p.kind == "step":
-            self.steps[p.info].results.append(value)
-            self._close_completed()
-        elif p.kind == "extra":
-            p.info(value)
+    # -- completions: one bound handler per kind of call ------------------------------------
+    def _on_batch(self, batch_ref: Any, meta: Optional[MicroBatchMeta]) -> None:
+        self.prefetch_in_flight -= 1
+        if meta is None:
+            self.exhausted = True
+        else:
+            self.waiting.append((meta, batch_ref))
+
+    def _on_produced(self, node: int, ready: SlotReady) -> None:
+        assert ready.meta is not None, f"target {ready.target_rank} sent a slot without meta"
+        self.ledgers[node].mark_ready(ready)
+        self.ready_since[(ready.target_rank, ready.slot)] = time.time()
+        state = self.steps[ready.meta.step]
+        state.produce_busy[ready.target_rank] += ready.meta.busy_s
+        state.produced.append(ready)
+
+    def _on_micro(self, drafter: int, result: MicroResult) -> None:
+        self.queued[drafter] -= 1
+        self.steps[result.step].micro.append(result)
+        self._close_completed()
+
+    def _on_step_result(self, result: StepResult) -> None:
+        self.steps[result.step].results.append(result)
+        self._close_completed()
+
+    def _on_after_step(self, call: AfterStepCall, value: Any) -> None:
+        self.after_step_in_flight -= 1
+        call.on_done(value)
 
     def _close_completed(self) -> None:
         """Report completed steps in order (results of step s+1 may be seen before s's)."""

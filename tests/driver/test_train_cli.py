@@ -13,8 +13,8 @@ def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")
     cmd = [sys.executable, "-m", "pipeline.train", "cluster.targets_per_node=1",
-           "cluster.drafters_per_node=2", "train.max_steps=6", "train.eval_prompts=2",
-           "train.eval_max_new_tokens=8", f"train.out_dir={out}"]
+           "cluster.drafters_per_node=2", "train.plan.max_steps=6", "train.eval.prompts=2",
+           "train.eval.max_new_tokens=8", f"train.out_dir={out}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "export" / "model.safetensors").exists()

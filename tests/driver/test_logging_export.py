@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pipeline.compose import compose_job
-from pipeline.driver import Driver
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,9 +57,10 @@ def _wandb_records(run_dir: Path) -> tuple[list[dict], dict]:
 def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    job = compose_job(["logger=wandb", "logger.mode=offline", "train.max_steps=4",
-                       "logger.trace_start=1", "logger.trace_steps=2", "train.eval_prompts=2",
-                       "train.eval_max_new_tokens=8", "train.export_dtype=float32", "train.eval_every=2",
+    job = compose_job(["logger=wandb", "logger.mode=offline", "train.plan.max_steps=4",
+                       "logger.trace_start=1", "logger.trace_steps=2", "train.eval.prompts=2",
+                       "train.eval.max_new_tokens=8", "train.export_dtype=float32",
+                       "train.eval.every=2",
                        "cluster.cpus_per_actor=0.5", f"train.out_dir={out}"])
     summary = Driver(job).run()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.scheduler import StepReport
+from pipeline.driver.scheduler import StepReport
 
 
 class TraceRecorder:
@@ -26,12 +26,12 @@ class TraceRecorder:
     def add(self, report: StepReport) -> None:
         if report.step not in self.window:
             return
-        for target, meta in report.produced:
-            self._span("target forward", f"target{target}", meta.start_s, meta.busy_s,
-                       report.step)
-        for target, ready_at, taken_at in report.slot_waits:
-            self._span("slot wait", f"ring of target{target}", ready_at, taken_at - ready_at,
-                       report.step)
+        for ready in report.produced:
+            self._span("target forward", f"target{ready.target_rank}", ready.meta.start_s,
+                       ready.meta.busy_s, report.step)
+        for wait in report.slot_waits:
+            self._span("slot wait", f"ring of target{wait.target}", wait.ready_at,
+                       wait.taken_at - wait.ready_at, report.step)
         for m in report.micro:
             self._span("drafter fwd+bwd", f"drafter{m.drafter}", m.start_s, m.busy_s,
                        report.step)

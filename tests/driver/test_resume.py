@@ -6,12 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline import checkpoint as ckpt
-from pipeline.compose import compose_job
-from pipeline.driver import Driver
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
 
-BASE = ["cluster.cpus_per_actor=0.5", "train.eval_every=-1", "train.export_dtype=float32",
-        "data.micro_batch_size=2", "train.lr=2e-3"]
+BASE = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "train.export_dtype=float32",
+        "data.micro_batch_size=2", "train.optim.lr=2e-3"]
 
 
 def _losses(out_dir):
@@ -21,13 +21,14 @@ def _losses(out_dir):
 
 def test_resume_matches_an_uninterrupted_run(ray_cluster, small_train_file, tmp_path):
     n = 3
-    base = BASE + [f"data.train_path={small_train_file}", f"train.max_steps={2 * n}"]
+    base = BASE + [f"data.train_path={small_train_file}", f"train.plan.max_steps={2 * n}"]
     Driver(compose_job(base + [f"train.out_dir={tmp_path / 'full'}"])).run()
     part = tmp_path / "part"
-    first = Driver(compose_job(base + [f"train.stop_at_step={n}",
+    first = Driver(compose_job(base + [f"train.plan.stop_at_step={n}",
                                        f"train.out_dir={part}"])).run()
     assert first.checkpoints and ckpt.latest(part).name == f"step_{n:08d}"
-    resumed = Driver(compose_job(base + [f"train.out_dir={part}", "train.resume=auto"])).run()
+    resumed = Driver(compose_job(base + [f"train.out_dir={part}",
+                                         "train.checkpoint.resume=auto"])).run()
     assert (resumed.first_step, resumed.end_step) == (n, 2 * n)
     want, got = _losses(tmp_path / "full"), _losses(part)
     assert sorted(got) == sorted(want) == list(range(1, 2 * n + 1))
@@ -41,11 +42,12 @@ def test_resume_matches_an_uninterrupted_run(ray_cluster, small_train_file, tmp_
 
 def test_resume_onto_another_number_of_drafters(ray_cluster, small_train_file, tmp_path):
     over = BASE + [f"data.train_path={small_train_file}", f"train.out_dir={tmp_path / 'run'}"]
-    first = Driver(compose_job(over + ["cluster.drafters_per_node=2", "train.max_steps=2"])).run()
+    first = Driver(compose_job(over + ["cluster.drafters_per_node=2",
+                                       "train.plan.max_steps=2"])).run()
     point = ckpt.read_point(ckpt.latest(tmp_path / "run"))
     assert point.step == 2 and point.samples_done == 2 * 2 * 2
     second = Driver(compose_job(over + ["cluster.drafters_per_node=1",
-                                        "train.resume=auto"])).run()
+                                        "train.checkpoint.resume=auto"])).run()
     # The rest of epoch 0 with one drafter: every remaining sample exactly once.
     account = second.accounts[0]
     assert not account.repeated and account.trained == account.expected

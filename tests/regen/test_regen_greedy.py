@@ -12,7 +12,8 @@ from pipeline.workers.generator import GeneratorWorker
 def worker(tiny_assets, max_new_tokens):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield GeneratorWorker(0, tiny_assets.target_dir, "cpu", torch.float32, max_new_tokens)
+    yield GeneratorWorker(rank=0, target_path=tiny_assets.target_dir, device="cpu",
+                          dtype=torch.float32, max_new_tokens=max_new_tokens)
     torch.set_num_threads(threads)
 
 

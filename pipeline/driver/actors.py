@@ -1,0 +1,157 @@
+"""The job's actor group: a prefetcher, and per node its targets and drafters, wired together.
+
+Life cycle: :meth:`ActorGroup.start` (the prefetcher first, since its plan sizes the
+schedules; then one placement group per node with its targets and drafters),
+:meth:`~ActorGroup.rendezvous` (the drafters' process group; each ring opened by the drafters
+of its node), :meth:`~ActorGroup.close` (rings closed readers first, actors killed, placement
+groups removed). As a context manager the group starts on entry and closes on exit, also when
+entry fails half way, so nothing that was started outlives an error. :meth:`~ActorGroup.restart`
+closes and starts the whole set again from a resume point.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import ray
+
+from pipeline.config import JobConfig
+from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
+from pipeline.driver.scheduler import Topology
+from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.resolve import ResolvedJob
+from pipeline.training.plan import ResumePoint
+from pipeline.workers.drafter_worker import DrafterWorker
+from pipeline.workers.prefetcher import PlanSummary, Prefetcher
+from pipeline.workers.target_worker import TargetWorker
+
+log = logging.getLogger(__name__)
+
+
+class ActorGroup:
+    def __init__(self, job: JobConfig, resolved: ResolvedJob,
+                 resume: Optional[ResumePoint] = None) -> None:
+        self.job = job
+        self.r = resolved
+        self.resume = resume
+        self._clear()
+
+    def _clear(self) -> None:
+        self.prefetcher: Any = None
+        self.targets: list[Any] = []
+        self.drafters: list[Any] = []
+        self.target_node: list[int] = []  # node index of each target
+        self.drafter_node: list[int] = []  # node index of each drafter
+        self.groups: list[NodeGroup] = []
+        self.plan: Optional[PlanSummary] = None
+
+    # -- life cycle -------------------------------------------------------------------------
+    def __enter__(self) -> "ActorGroup":
+        try:
+            self.start()
+            self.rendezvous()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> PlanSummary:
+        """Every actor started and recorded as it starts, so close() finds each one."""
+        assert self.prefetcher is None, "start() on a started group: close() or restart()"
+        self.prefetcher = self._start_prefetcher()
+        self.plan = plan = ray.get(self.prefetcher.summary.remote())
+        log.info("data: %s; steps %d..%d of %d micro-batches", plan.data_summary,
+                 plan.first_step + 1, plan.end_step, self.micro_batches_per_step)
+        self.groups = node_groups(self.job.cluster, self.r.device)
+        for n, group in enumerate(self.groups):
+            self._start_node(n, group, plan)
+        return plan
+
+    def rendezvous(self) -> None:
+        """Form the drafters' process group and open every ring in the drafters of its node."""
+        master = ray.get(self.drafters[0].master_address.remote())
+        ray.get([d.init_group.remote(master.addr, master.port) for d in self.drafters])
+        handles = ray.get([t.ring_handle.remote() for t in self.targets])
+        ray.get([d.attach.remote([h for h, n in zip(handles, self.target_node)
+                                  if n == self.drafter_node[i]])
+                 for i, d in enumerate(self.drafters)])
+
+    def close(self) -> None:
+        """Close rings (readers first), kill the actors, free the placement groups.
+
+        Closing before killing matters on CPU: a killed owner leaves its /dev/shm segment
+        behind. Safe to call on a group that is partly started, or already closed.
+        """
+        for handles in (self.drafters, self.targets):
+            try:
+                ray.get([h.close.remote() for h in handles], timeout=60)
+            except Exception as exc:  # a crashed actor must not hide the original error
+                log.warning("closing actors failed: %s", exc)
+        kill_actors([h for h in (self.prefetcher, *self.targets, *self.drafters)
+                     if h is not None])
+        remove_groups(self.groups)
+        self._clear()
+
+    def restart(self, resume: Optional[ResumePoint]) -> PlanSummary:
+        """The whole set again, planning from ``resume``; load its checkpoint after this."""
+        self.close()
+        self.resume = resume
+        try:
+            plan = self.start()
+            self.rendezvous()
+        except BaseException:
+            self.close()
+            raise
+        return plan
+
+    # -- what the driver uses ---------------------------------------------------------------
+    def load_checkpoint(self, folder: str) -> int:
+        """Every drafter loads ``folder``; returns the steps done it holds."""
+        done = ray.get([d.load_checkpoint.remote(folder) for d in self.drafters])
+        assert len(set(done)) == 1, f"drafters loaded different steps: {done}"
+        return done[0]
+
+    def topology(self) -> Topology:
+        return Topology(self.prefetcher, self.targets, self.drafters, self.target_node,
+                        self.drafter_node, self.job.cluster.num_slots)
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.job.cluster.num_drafters * self.job.train.plan.grad_accum
+
+    # -- starting ---------------------------------------------------------------------------
+    def _start_prefetcher(self) -> Any:
+        job, r, plan = self.job, self.r, self.job.train.plan
+        return start_actor(
+            Prefetcher, Placement(cpus=job.cluster.cpus_per_actor),
+            train_path=r.train_path, tokenizer_path=r.target_path, data=job.data,
+            block_size=r.spec.block_size, epochs=plan.epochs,
+            micro_batches_per_step=self.micro_batches_per_step, max_steps=plan.max_steps,
+            pad_token_id=r.pad_token_id,
+            pad_to=job.data.max_length if job.drafter.static_shapes else None,
+            resume=self.resume)
+
+    def _start_node(self, n: int, group: NodeGroup, plan: PlanSummary) -> None:
+        """Node ``n``'s targets (bundles first) and drafters; ranks are node-contiguous."""
+        job, r, c = self.job, self.r, self.job.cluster
+        slot_numel = job.data.micro_batch_size * job.data.max_length * r.spec.feature_size
+        for i in range(c.targets_per_node):
+            self.targets.append(start_actor(
+                TargetWorker, group.placement(i), rank=len(self.targets),
+                target_path=r.target_path, tap_ids=r.spec.target_layer_ids, device=r.device,
+                dtype=r.target_dtype, num_slots=c.num_slots, slot_numel=slot_numel,
+                node_id=group.node_id, compile=self.job.target.compile))
+            self.target_node.append(n)
+        for i in range(c.drafters_per_node):
+            self.drafters.append(start_actor(
+                DrafterWorker, group.placement(c.targets_per_node + i),
+                rank=len(self.drafters), world_size=c.num_drafters, spec=r.spec,
+                options=job.drafter, optim=job.train.optim, seed=job.train.seed,
+                target_path=r.target_path, device=r.device, autocast_dtype=r.autocast_dtype,
+                feature_dtype=r.target_dtype, feature_numel=slot_numel,
+                total_steps=plan.end_step))
+            self.drafter_node.append(n)

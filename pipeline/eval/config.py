@@ -1,0 +1,21 @@
+"""``train.eval``: tau (acceptance length) on held-out prompts, before, during and after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.validate import require
+
+
+@dataclass
+class EvalConfig:
+    # Every N steps (0: only before and after training; -1: never).
+    every: int = 0
+    prompts: int = 16
+    max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        require(self.every >= -1, "train.eval.every", self.every, ">= -1")
+        require(self.prompts >= 0, "train.eval.prompts", self.prompts, ">= 0 (0: no eval)")
+        require(self.max_new_tokens >= 1, "train.eval.max_new_tokens", self.max_new_tokens,
+                ">= 1")

@@ -1,0 +1,92 @@
+"""Ray start-up, and the one place ``ray.remote`` is applied.
+
+The driver and regeneration both start here, so it sits below both. Placement (CPUs, GPUs, a
+placement-group bundle) is kept apart from construction: :func:`start_actor` takes a
+:class:`Placement` and passes the worker's own arguments by keyword only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+import pipeline
+
+# Environment every actor must see: our package on the path, and the GPU machine's NCCL
+# safety settings (NVLink multicast off) also where Ray starts workers with a fresh env.
+_PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+             "NCCL_DEBUG", "WANDB_MODE")
+
+
+def actor_env() -> dict[str, str]:
+    root = str(Path(pipeline.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path}
+    env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
+    return env
+
+
+def init_ray(address: Optional[str], cpus_needed: float) -> bool:
+    """Join ``address`` (or $RAY_ADDRESS), else start a private local cluster.
+
+    A local cluster gets logical CPUs enough for every actor, even on a 2-core laptop.
+    Returns True when this call initialised Ray (the caller may shut it down).
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+                 include_dashboard=False)
+    return True
+
+
+@contextlib.contextmanager
+def ray_session(address: Optional[str], cpus_needed: float) -> Iterator[None]:
+    """Ray for the length of a ``with`` block; shut down after only if this block started it."""
+    started = init_ray(address, cpus_needed)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an actor runs and what Ray reserves for it; nothing about what it computes."""
+
+    cpus: float
+    gpus: float = 0.0          # 0 on CPU; a fraction shares a GPU between actors
+    group: Any = None          # a PlacementGroup, or None: anywhere with room
+    bundle: int = -1           # the bundle of ``group`` to run in
+
+
+def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
+    """``cls`` as a plain Ray actor, built from keyword arguments only.
+
+    No concurrency options: the actor runs its methods one at a time on its main thread,
+    where torch.compile's CUDA-graph state lives.
+    """
+    options: dict[str, Any] = {"num_cpus": placement.cpus,
+                               "runtime_env": {"env_vars": actor_env()}}
+    if placement.gpus > 0:
+        options["num_gpus"] = placement.gpus
+    if placement.group is not None:
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement.group, placement_group_bundle_index=placement.bundle)
+    return ray.remote(cls).options(**options).remote(**kwargs)
+
+
+def kill_actors(handles: list[Any]) -> None:
+    for handle in handles:
+        ray.kill(handle)

@@ -1,0 +1,198 @@
+"""The real StepLoop over plain fake actors: no model, real Ray, a real slot ring on CPU.
+
+The fakes check the loop's promises themselves: a target refuses to overwrite a slot that no
+drafter has copied yet (backpressure), and a drafter refuses a micro-batch whose slot holds
+other samples. A file gate makes drafter 0 finish step 0 only after drafter 1 finished step 1,
+so results arrive out of order by construction, not by timing. (The gated run needs a spare
+slot: drafter 0's queued loads hold theirs until the gate opens.)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import ray
+import torch
+
+from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport, Topology
+from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.transport.messages import ProduceMeta, RingHandle, SlotAck, SlotReady
+from pipeline.transport.ring import RingReader, SlotRing
+from pipeline.workers.messages import MicroBatch, MicroBatchMeta, MicroResult, StepResult
+
+WIDTH = 4  # slot elements per sample
+MAX_ROWS = 2
+CONSUMED = -1.0  # what a drafter leaves in a slot once it copied it
+
+
+def plan(num_steps: int, per_step: int) -> list[list[tuple[int, ...]]]:
+    """Sample ids of each micro-batch of each step: two samples each, all distinct."""
+    ids = iter(range(1000))
+    return [[(next(ids), next(ids)) for _ in range(per_step)] for _ in range(num_steps)]
+
+
+class FakePrefetcher:
+    def __init__(self, *, steps: list[list[tuple[int, ...]]]) -> None:
+        self.order = [(s, i, ids) for s, mbs in enumerate(steps) for i, ids in enumerate(mbs)]
+        self.steps = steps
+
+    def next_micro_batch(self) -> tuple[Optional[MicroBatchMeta], Optional[MicroBatch]]:
+        if not self.order:
+            return None, None
+        step, index, ids = self.order.pop(0)
+        meta = MicroBatchMeta(step=step, epoch=0, index=index, num_in_step=len(self.steps[step]),
+                              sample_ids=ids, shape=(len(ids), WIDTH))
+        tokens = torch.tensor(ids).view(-1, 1).repeat(1, WIDTH)
+        return meta, MicroBatch(meta, tokens, torch.ones_like(tokens),
+                                torch.full((len(ids),), WIDTH))
+
+
+class FakeTarget:
+    """Writes each sample's id into its row of the slot; checks the slot was consumed first."""
+
+    def __init__(self, *, rank: int, num_slots: int) -> None:
+        self.ring = SlotRing(rank, num_slots, MAX_ROWS * WIDTH, torch.float32, "cpu")
+        self.ring.buffer.fill_(CONSUMED)
+        self.num_slots = num_slots
+        self.most_unconsumed = 0
+
+    def ring_handle(self) -> RingHandle:
+        return self.ring.handle()
+
+    def produce(self, slot: int, batch: MicroBatch) -> SlotReady:
+        slots = self.ring.buffer.view(self.num_slots, -1)
+        unconsumed = int((slots[:, 0] != CONSUMED).sum())
+        self.most_unconsumed = max(self.most_unconsumed, unconsumed)
+        assert slots[slot, 0] == CONSUMED, f"slot {slot} reused before a drafter copied it"
+        shape = batch.meta.shape
+        self.ring.slot(slot, shape).copy_(batch.input_ids.float())
+        ready = self.ring.publish(slot, shape, batch.meta.sample_ids)
+        meta = ProduceMeta(step=batch.meta.step, index=batch.meta.index, start_s=0.0,
+                           busy_s=0.0, on_main_thread=True)
+        return SlotReady(ready.target_rank, ready.slot, ready.shape, ready.sample_ids, meta)
+
+    def unconsumed_high_water(self) -> int:
+        return self.most_unconsumed
+
+    def close(self) -> None:
+        self.ring.close()
+
+
+class FakeDrafter:
+    def __init__(self, *, rank: int, gate: Optional[str]) -> None:
+        self.rank = rank
+        self.gate = Path(gate) if gate else None
+        self.reader = RingReader("cpu")
+        self.buffer = torch.empty(MAX_ROWS * WIDTH)
+        self.loaded: Optional[SlotReady] = None
+        self.trained: dict[int, list[tuple[int, ...]]] = {}
+
+    def attach(self, handles: list[RingHandle]) -> None:
+        for handle in handles:
+            self.reader.attach(handle)
+
+    def load(self, ready: SlotReady) -> SlotAck:
+        ack = self.reader.copy_out(ready, self.buffer)
+        self.reader.view(ready).fill_(CONSUMED)
+        self.loaded = ready
+        return ack
+
+    def forward_backward(self, batch: MicroBatch) -> MicroResult:
+        ready, self.loaded = self.loaded, None
+        rows = self.buffer[:len(batch.meta.sample_ids) * WIDTH].view(-1, WIDTH)
+        assert torch.equal(rows, batch.input_ids.float()), (
+            f"drafter {self.rank}: slot {ready.slot} held {rows[:, 0].tolist()}, "
+            f"batch {batch.meta.sample_ids}")
+        self.trained.setdefault(batch.meta.step, []).append(batch.meta.sample_ids)
+        return MicroResult(drafter=self.rank, step=batch.meta.step, epoch=0,
+                           sample_ids=batch.meta.sample_ids, numerator=1.0, denominator=1.0,
+                           correct=(), total=(), tokens=0, start_s=0.0, busy_s=0.0,
+                           on_main_thread=True)
+
+    def step(self, step: int) -> StepResult:
+        if self.gate is not None and self.rank == 1 and step == 1:
+            self.gate.touch()
+        if self.gate is not None and self.rank == 0 and step == 0:
+            deadline = time.monotonic() + 120
+            while not self.gate.exists():  # drafter 1 finishes step 1 first
+                assert time.monotonic() < deadline, "drafter 1 never finished step 1"
+                time.sleep(0.01)
+        samples = sum(len(ids) for ids in self.trained.pop(step, []))
+        return StepResult(drafter=self.rank, step=step, denominator=float(samples),
+                          grad_norm=0.0, lr=0.0, start_s=0.0, busy_s=0.0, reduce_start_s=0.0,
+                          reduce_s=0.0, max_memory_bytes=0, param_checksum=0.0,
+                          on_main_thread=True, cudagraph_skips=0)
+
+    def echo(self, value: int) -> int:
+        return value
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+@pytest.fixture()
+def fakes(ray_session, tmp_path):
+    topologies: list[Topology] = []
+
+    def make(steps, num_slots: int, gate: bool = False):
+        where = Placement(cpus=0.1)
+        prefetcher = start_actor(FakePrefetcher, where, steps=steps)
+        target = start_actor(FakeTarget, where, rank=0, num_slots=num_slots)
+        drafters = [start_actor(FakeDrafter, where, rank=d,
+                                gate=str(tmp_path / "gate") if gate else None)
+                    for d in range(2)]
+        topologies.append(Topology(prefetcher, [target], drafters, [0], [0, 0], num_slots))
+        handle = ray.get(target.ring_handle.remote())
+        ray.get([d.attach.remote([handle]) for d in drafters])
+        return topologies[-1]
+
+    yield make
+    for topo in topologies:  # readers before the ring's owner, as ActorGroup.close does
+        ray.get([d.close.remote() for d in topo.drafters])
+        ray.get([t.close.remote() for t in topo.targets])
+        kill_actors([topo.prefetcher, *topo.targets, *topo.drafters])
+
+
+def test_steps_close_in_order_when_results_arrive_out_of_order(fakes, tmp_path):
+    steps = plan(num_steps=4, per_step=4)
+    topo = fakes(steps, num_slots=3, gate=True)
+    reports: list[StepReport] = []
+    done_after: list[int] = []
+
+    def after_step(step: int) -> list[AfterStepCall]:
+        return [AfterStepCall(topo.drafters[0].echo.remote(step), done_after.append)]
+
+    StepLoop(topo, end_step=4, on_step=reports.append, after_step=after_step).run()
+
+    assert (tmp_path / "gate").exists(), "drafter 1 did not finish step 1 before step 0 closed"
+    assert [r.step for r in reports] == [0, 1, 2, 3]
+    for report, planned in zip(reports, steps):
+        assert sorted(m.sample_ids for m in report.micro) == sorted(planned)
+        assert {m.step for m in report.micro} == {report.step}
+        assert sorted(r.drafter for r in report.results) == [0, 1]
+        assert {r.step for r in report.results} == {report.step}
+        # Each drafter stepped over exactly the micro-batches it trained in this step.
+        assert sum(r.denominator for r in report.results) == 2 * len(planned)
+        assert len(report.produced) == len(report.slot_waits) == len(planned)
+    assert done_after == [0, 1, 2, 3], "after-step calls must all finish before run returns"
+
+
+def test_a_full_ring_holds_back_the_target(fakes):
+    steps = plan(num_steps=3, per_step=4)
+    topo = fakes(steps, num_slots=1)
+    reports: list[StepReport] = []
+    StepLoop(topo, end_step=3, on_step=reports.append).run()
+    assert [r.step for r in reports] == [0, 1, 2]
+    # With one slot, every write found the ring empty: nothing was written ahead of a copy.
+    assert ray.get(topo.targets[0].unconsumed_high_water.remote()) == 0
+
+
+def test_a_plan_that_ends_early_stalls_with_a_clear_error(fakes):
+    topo = fakes(plan(num_steps=2, per_step=2), num_slots=2)
+    reports: list[StepReport] = []
+    with pytest.raises(RuntimeError, match="step loop stalled at step 2: nothing in flight"):
+        StepLoop(topo, end_step=3, on_step=reports.append).run()
+    assert [r.step for r in reports] == [0, 1]
