@@ -21,6 +21,7 @@ from pipeline.resolve import resolve_job
 from pipeline.scheduler import StepLoop, StepReport, Topology
 from pipeline.telemetry import MetricsLogger
 from pipeline.trace import TraceRecorder
+from pipeline.wandb_env import check_wandb
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Driver:
 
     def __init__(self, job: JobConfig) -> None:
         self.job = job
+        check_wandb(job.logger)
         self.r = resolve_job(job)
         self.out_dir = Path(job.train.out_dir)
         self.resume_from = ckpt.resolve_resume(job.train.resume, self.out_dir)
