@@ -13,8 +13,8 @@ import torch
 
 from pipeline.config import JobConfig
 from pipeline.dtypes import resolve_dtype
-from pipeline.preflight import check_data_file, check_target_folder
 from pipeline.model.config import DrafterSpec, build_drafter_spec
+from pipeline.preflight import check_data_file, check_target_folder
 
 
 @dataclass(frozen=True)
