@@ -169,6 +169,8 @@ class DFlashDraftModel(PreTrainedModel):
         attention_mask: None (every block token sees every key) or a boolean (True = attend)
         or additive mask [N, 1, Q, keys]. past_key_values: a transformers Cache; with it,
         keys of earlier calls are kept, and the caller crops the block's entries off.
+        use_cache and other keywords are accepted so that decoding loops written for
+        z-lab's drafter can call this one; the cache is used whenever it is given.
         """
         context = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
         x = noise_embedding.to(context.dtype)
