@@ -14,22 +14,22 @@ from pipeline.serving.layout import MODELING_FILE
 @pytest.fixture()
 def exported(drafter_setup, tmp_path):
     """A drafter with every weight moved off its init (norms included), exported in fp32."""
-    drafter, target, head, spec, _ = drafter_setup
+    drafter, _, head, spec, _ = drafter_setup
     torch.manual_seed(2)
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(0.2 * torch.randn_like(p))
     out = save_drafter(drafter, tmp_path / "export", "float32")
     loaded = AutoModel.from_pretrained(out, trust_remote_code=True, dtype=torch.float32)
-    return drafter.eval(), loaded.eval(), target, head, spec
+    return drafter.eval(), loaded.eval(), head, spec
 
 
-def _inputs(target, head, spec, context_len=9):
+def _inputs(head, spec, context_len=9):
+    """Tap features (random: the drafter only sees their values), a block, positions."""
     torch.manual_seed(3)
-    ids = torch.randint(0, 90, (2, context_len + 1))
-    features = target(ids[:, :context_len], torch.ones(2, context_len, dtype=torch.long))
+    features = torch.randn(2, context_len, spec.feature_size)
     block = torch.full((2, spec.block_size), spec.mask_token_id)
-    block[:, 0] = ids[:, context_len]
+    block[:, 0] = torch.randint(0, 90, (2,))
     embeds = embed_tokens(head.embed, block)
     context_pos = torch.arange(context_len).expand(2, -1)
     block_pos = torch.arange(context_len, context_len + spec.block_size).expand(2, -1)
@@ -41,7 +41,7 @@ def _logits(hidden, head):
 
 
 def test_automodel_gives_the_drafter_not_a_plain_qwen3(exported):
-    drafter, loaded, _, _, spec = exported
+    drafter, loaded, _, spec = exported
     assert type(loaded).__name__ == "DFlashDraftModel"
     assert loaded.block_size == spec.block_size and loaded.mask_token_id == spec.mask_token_id
     assert loaded.target_layer_ids == list(spec.target_layer_ids)
@@ -53,8 +53,8 @@ def test_automodel_gives_the_drafter_not_a_plain_qwen3(exported):
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_same_logits_as_the_pipeline_drafter(exported, masked):
-    drafter, loaded, target, head, spec = exported
-    features, embeds, context_pos, block_pos = _inputs(target, head, spec)
+    drafter, loaded, head, spec = exported
+    features, embeds, context_pos, block_pos = _inputs(head, spec)
     mask = None
     if masked:  # the training mask's shape: block queries over [context | block] keys
         torch.manual_seed(4)
@@ -76,8 +76,8 @@ def test_same_logits_as_the_pipeline_drafter(exported, masked):
 
 def test_cached_context_gives_the_same_logits(exported):
     """Decoding style: the context arrives in two calls through a KV cache."""
-    drafter, loaded, target, head, spec = exported
-    features, embeds, context_pos, block_pos = _inputs(target, head, spec)
+    drafter, loaded, head, spec = exported
+    features, embeds, context_pos, block_pos = _inputs(head, spec)
     first = 5
     cache = DynamicCache()
     with torch.no_grad():
