@@ -131,9 +131,12 @@ def reject_moved_keys(overrides: Sequence[str]) -> None:
 @dataclass
 class LoggerConfig:
     kind: str = "none"  # one of "none", "wandb"
-    project: str = "dflash"
+    # null leaves the choice to wandb's own variables (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE);
+    # a project named by neither is "dflash".
+    project: Optional[str] = None
+    entity: Optional[str] = None
     name: Optional[str] = None
-    mode: str = "online"  # one of "online", "offline", "disabled"
+    mode: Optional[str] = None  # null or one of "online", "offline", "disabled"
     # More wandb.init arguments, e.g. +logger.wandb_init.tags=[8b,ablation] or .group=sweep1.
     wandb_init: dict[str, Any] = field(default_factory=dict)
     # Record a Chrome/Perfetto trace of per-actor spans for steps [trace_start, trace_start+n).
@@ -142,7 +145,8 @@ class LoggerConfig:
 
     def __post_init__(self) -> None:
         require_choice("logger.kind", self.kind, ("none", "wandb"))
-        require_choice("logger.mode", self.mode, ("online", "offline", "disabled"))
+        if self.mode is not None:
+            require_choice("logger.mode", self.mode, ("online", "offline", "disabled"))
 
 
 @dataclass

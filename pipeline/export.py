@@ -3,7 +3,8 @@
     python -m pipeline.export --checkpoint runs/demo/checkpoints/step_00000150 --out drafter/
     python -m pipeline.export --checkpoint runs/demo --out drafter/ --dtype bfloat16  # latest
 
-Writes config.json + model.safetensors (no embedding, no LM head); see README "Serving".
+Writes config.json + model.safetensors (no embedding, no LM head) + modeling_dflash.py, after
+checking the tensor set against what loaders expect; see README "Serving".
 """
 
 import argparse

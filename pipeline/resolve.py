@@ -7,7 +7,6 @@ path, tap id or mask token stops the job with a message naming the config key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from pipeline.config import JobConfig
 from pipeline.dtypes import resolve_dtype
 from pipeline.model.config import DrafterSpec, build_drafter_spec
+from pipeline.preflight import check_data_file, check_target_folder
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,11 @@ def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     from pipeline.assets import resolve_data_path, resolve_target_path
 
     target_path = resolve_target_path(job.target.path)
-    if not (Path(target_path) / "config.json").exists():
-        raise ValueError(f"target.path={job.target.path!r}: no config.json in {target_path}")
+    train_path = resolve_data_path(job.data.train_path, "train")
+    heldout_path = resolve_data_path(job.data.heldout_path, "heldout")
+    check_target_folder("target.path", job.target.path, target_path)
+    check_data_file("data.train_path", job.data.train_path, train_path)
+    check_data_file("data.heldout_path", job.data.heldout_path, heldout_path)
     device = device or resolve_device(job.cluster.device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     target_config = AutoConfig.from_pretrained(target_path).to_dict()
@@ -55,8 +58,7 @@ def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return ResolvedJob(
         target_path=target_path,
-        train_path=resolve_data_path(job.data.train_path, "train"),
-        heldout_path=resolve_data_path(job.data.heldout_path, "heldout"),
+        train_path=train_path, heldout_path=heldout_path,
         spec=spec, device=device, target_dtype=target_dtype,
         autocast_dtype=torch.bfloat16 if precision == "bf16" else None,
         pad_token_id=int(pad if pad is not None else 0),

@@ -15,15 +15,22 @@ import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.driver.job import Driver
+from pipeline.preflight import PreflightError
 
+log = logging.getLogger(__name__)
 register_configs()
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
     job = to_job_config(cfg)
-    summary = Driver(job).run()
-    logging.getLogger(__name__).info(
+    try:
+        driver = Driver(job)
+    except PreflightError as e:
+        log.error("%s", e)  # one line: a missing file or wandb key needs no traceback
+        raise SystemExit(2) from None
+    summary = driver.run()
+    log.info(
         "done: %d steps in %.1fs, loss %.4f -> %.4f, tau %s -> %s, export %s", summary.steps,
         summary.wall_s, summary.losses[0], summary.losses[-1], summary.tau_before,
         summary.tau_after, summary.export_dir)

@@ -76,7 +76,7 @@ def test_the_train_cli_names_the_new_key_for_a_moved_one():
 
 
 @pytest.mark.parametrize("override,match", [
-    ("drafter.target_layer_ids=[1,40]", r"target_layer_ids=\[1, 40\].*allowed 0..7"),
+    ("drafter.target_layer_ids=[1,40]", r"target_layer_ids=\[1, 40\].*allowed 0..6"),
     ("drafter.mask_token_id=99999", r"drafter.mask_token_id=99999.*allowed 0..2047"),
 ])
 def test_impossible_combinations_stop_before_ray(tiny_assets, override, match):

@@ -24,6 +24,7 @@ from pipeline.driver.trace import TraceRecorder
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.workers.prefetcher import PlanSummary
+from pipeline.wandb_env import check_wandb
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Driver:
 
     def __init__(self, job: JobConfig) -> None:
         self.job = job
+        check_wandb(job.logger)
         self.r = resolve_job(job)
         self.out_dir = Path(job.train.out_dir)
         self.resume_from = ckpt.resolve_resume(job.train.checkpoint.resume, self.out_dir)

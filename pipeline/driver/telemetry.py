@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pipeline.config import JobConfig
+from pipeline.wandb_env import wandb_init_switches
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,8 @@ def _start_wandb(job: JobConfig, out_dir: Path, resumed: bool) -> Any:
 
     id_file = out_dir / "wandb_run_id"
     run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
-    run = wandb.init(project=job.logger.project, name=job.logger.name, mode=job.logger.mode,
-                     dir=str(out_dir), config=asdict(job), id=run_id,
-                     resume="allow" if run_id else None, **job.logger.wandb_init)
+    run = wandb.init(**wandb_init_switches(job.logger), dir=str(out_dir), config=asdict(job),
+                     id=run_id, resume="allow" if run_id else None, **job.logger.wandb_init)
     id_file.write_text(run.id)
     run.define_metric("trainer/step")
     for prefix in ("train/*", "perf/*", "eval/*"):

@@ -1,14 +1,16 @@
 """Save and load the drafter in the format SGLang, vLLM and z-lab's code load.
 
-A folder with ``config.json`` (a Qwen3 config plus the DFlash fields) and ``model.safetensors``
+A folder with ``config.json`` (a Qwen3 config plus the DFlash fields), ``model.safetensors``
 (bf16 by default) holding ``layers.{i}.*``, ``fc.weight``, ``hidden_norm.weight`` and
-``norm.weight``; no embedding, no LM head.
+``norm.weight`` (no embedding, no LM head), and ``modeling_dflash.py``, which ``auto_map`` names
+so that ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` builds the drafter.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Union
 
@@ -18,6 +20,8 @@ from safetensors.torch import load_file, save_file
 from pipeline.dtypes import DTYPES
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
+from pipeline.serving.layout import (AUTO_MAP, MODELING_FILE, check_config, check_tensors,
+                                     verify_export)
 
 PathLike = Union[str, os.PathLike]
 
@@ -33,11 +37,16 @@ def save_drafter(model: DFlashDrafter, out_dir: PathLike, dtype: str = "bfloat16
     if dtype not in DTYPES:
         raise ValueError(f"export dtype={dtype!r} is not allowed: expected one of {list(DTYPES)}")
     out = Path(out_dir)
+    config = dict(model.spec.hf_config, torch_dtype=dtype, auto_map=AUTO_MAP)
+    state = drafter_state_dict(model, DTYPES[dtype])
+    # Checked before anything is written: a naming regression must not leave an export behind.
+    check_config(config, str(out))
+    check_tensors(config, {name: t.shape for name, t in state.items()}, str(out))
     out.mkdir(parents=True, exist_ok=True)
-    config = dict(model.spec.hf_config, torch_dtype=dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(drafter_state_dict(model, DTYPES[dtype]), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(MODELING_FILE, out / MODELING_FILE.name)
+    verify_export(out)
     return out
 
 

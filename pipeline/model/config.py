@@ -74,11 +74,19 @@ def default_tap_ids(num_target_layers: int, num_taps: int) -> list[int]:
 
 def resolve_tap_ids(cfg: DrafterConfig, num_target_layers: int) -> list[int]:
     ids = cfg.target_layer_ids or default_tap_ids(num_target_layers, cfg.num_taps)
+    last = num_target_layers - 1
     bad = [i for i in ids if not 0 <= i < num_target_layers]
     if bad:
         raise ValueError(
             f"drafter.target_layer_ids={list(ids)} has ids {bad} outside the target's "
-            f"{num_target_layers} layers: allowed 0..{num_target_layers - 1}")
+            f"{num_target_layers} layers: allowed 0..{last - 1}")
+    if last in ids:
+        raise ValueError(
+            f"drafter.target_layer_ids={list(ids)} taps the target's last layer ({last}), "
+            f"which servers cannot capture: SGLang records layer i's output before layer i+1 "
+            f"runs, which never happens for the last layer (sglang issue 32204), and SGLang, "
+            f"vLLM and HF disagree on whether that output is taken before or after the final "
+            f"norm; allowed 0..{last - 1}")
     return list(ids)
 
 

@@ -36,11 +36,11 @@ def _log_records(raw: bytes):
             pending = b""
 
 
-def _wandb_records(run_dir: Path) -> tuple[list[dict], dict]:
-    """History rows and config of an offline run, read back from its .wandb file."""
+def _wandb_records(run_dir: Path) -> tuple[list[dict], dict, str]:
+    """History rows, config and project of an offline run, read back from its .wandb file."""
     from wandb.proto import wandb_internal_pb2
 
-    rows, config = [], {}
+    rows, config, project = [], {}, ""
     for data in _log_records(next(run_dir.glob("run-*.wandb")).read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
@@ -51,13 +51,17 @@ def _wandb_records(run_dir: Path) -> tuple[list[dict], dict]:
         elif kind in ("run", "config"):
             items = record.run.config.update if kind == "run" else record.config.update
             config.update({item.key: json.loads(item.value_json) for item in items})
-    return rows, config
+            project = record.run.project or project
+    return rows, config, project
 
 
 def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # wandb's own variables, with logger.mode and logger.project left unset (issue 13).
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
     out = tmp_path / "run"
-    job = compose_job(["logger=wandb", "logger.mode=offline", "train.plan.max_steps=4",
+    job = compose_job(["logger=wandb", "train.plan.max_steps=4",
                        "logger.trace_start=1", "logger.trace_steps=2", "train.eval.prompts=2",
                        "train.eval.max_new_tokens=8", "train.export_dtype=float32",
                        "train.eval.every=2",
@@ -65,7 +69,8 @@ def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monk
     summary = Driver(job).run()
 
     run_dir = next((out / "wandb").glob("offline-run-*"))
-    rows, config = _wandb_records(run_dir)
+    rows, config, project = _wandb_records(run_dir)
+    assert project == "from-the-environment"
     assert config["cluster"]["drafters_per_node"] == 2
     assert config["drafter"]["num_anchors"] == job.drafter.num_anchors
     train = [r for r in rows if "train/loss" in r]
@@ -91,5 +96,7 @@ def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monk
     a = load_file(str(exported / "model.safetensors"))
     b = load_file(str(out / "export" / "model.safetensors"))
     assert a.keys() == b.keys()
+    for folder in (exported, out / "export"):  # both ways ship the AutoModel file
+        assert (folder / "modeling_dflash.py").is_file()
     for name in a:
         torch.testing.assert_close(a[name], b[name])

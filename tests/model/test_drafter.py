@@ -76,7 +76,7 @@ def test_bad_options_name_the_key(key, value, match):
 
 
 def test_tap_beyond_target_layers_is_rejected():
-    with pytest.raises(ValueError, match="target_layer_ids.*allowed 0..35"):
+    with pytest.raises(ValueError, match="target_layer_ids.*allowed 0..34"):
         build_drafter_spec(qwen3_8b_config(), DrafterConfig(target_layer_ids=[1, 40]), 151669)
 
 
