@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compose import compose_job
+from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.preflight import PreflightError, check_data_file, check_target_folder
 
