@@ -207,7 +207,8 @@ class Driver:
 
             tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
             self._heldout = heldout_prompts(self.r.heldout_path, tokenizer,
-                                            self.job.train.eval_prompts)
+                                            self.job.train.eval_prompts, self.job.data.format,
+                                            self.job.data.enable_thinking)
         return self._heldout
 
     def _tau_ref(self, actors: Actors):

@@ -51,7 +51,8 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
     if device == "cuda":
         options["num_gpus"] = 1
     actor = ray.remote(GeneratorWorker).options(**options)
-    return [actor.remote(rank, target_path, device, dtype, cfg.max_new_tokens)
+    return [actor.remote(rank, target_path, device, dtype, cfg.max_new_tokens,
+                         enable_thinking=cfg.enable_thinking)
             for rank in range(cfg.num_workers)]
 
 
