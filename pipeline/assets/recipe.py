@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 # Bump when the recipe or the code that follows it changes what gets built: the cache
 # directory is named after it, so an old build is never mistaken for a new one.
-ASSETS_VERSION = "tiny-v1"
+ASSETS_VERSION = "tiny-v2"
 
 
 @dataclass(frozen=True)
