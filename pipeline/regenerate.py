@@ -10,7 +10,9 @@
 Every assistant turn is regenerated in order, each from the conversation so far (earlier
 assistant turns already regenerated); system and user turns are kept. The output has one
 record per good input line, in input order: ``{"messages": [...], "source_line": <0-based
-input line>, "regen": {"num_tokens": [...], "finished": [...]}}``. Rerunning with the same
+input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [...]}}``.
+An answer is stored as the exact text the target wrote, reasoning included, and each turn is
+checked to re-render through the template as that text (``round_trips``). Rerunning with the same
 arguments resumes: complete records are kept (a half-written last line is cut off) and the
 rest is appended. Work is spread over ``--num-workers`` Ray actors, one GPU each on cuda.
 """
@@ -49,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="conversations per generate call")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,
+                   default=_DEFAULTS["enable_thinking"],
+                   help="passed to the chat template; train with the same data.enable_thinking")
     p.add_argument("--on-bad-line", choices=ON_BAD_LINE, default=_DEFAULTS["on_bad_line"],
                    help="stop at a malformed line, or count and leave it out")
     p.add_argument("--format", choices=FORMATS, default=_DEFAULTS["format"],

@@ -1,6 +1,6 @@
 """Build the tiny assets once per machine and hand out their paths.
 
-The directory is ``$DFLASH_ASSETS_DIR`` if set, else ``~/.cache/dflash-pipeline/tiny-v1``.
+The directory is ``$DFLASH_ASSETS_DIR`` if set, else ``~/.cache/dflash-pipeline/<ASSETS_VERSION>``.
 Concurrent callers are safe: a file lock lets one process build while the others wait, and the
 build happens in a temporary sibling directory that is renamed into place only when complete,
 so a half-built directory is never visible under the final name.

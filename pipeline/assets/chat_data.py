@@ -37,47 +37,65 @@ def sample_prompts(tokenizer, stream: torch.Tensor, n: int, lengths: tuple[int, 
     return prompts
 
 
+# Generation rounds before the build gives up: each round draws prompts for what is missing.
+MAX_ROUNDS = 8
+
+
 def write_chat_data(model, tokenizer, streams: dict[str, torch.Tensor], out_dir: str,
                     recipe: TinyRecipe) -> dict:
-    """Draw prompts for every split from its stream, answer them all, write the JSONL files.
+    """Draw prompts for every split, answer them, and keep drawing until each split has its
+    planned number of long-enough answers; write the JSONL files.
 
-    All prompts are answered in one batched generation (one batch at the default sizes): a
-    decoding step costs about the same for 40 rows as for 500. Returns the manifest entries.
+    How many answers come out too short depends on the target's weights, which CPU float
+    results make differ slightly between machines: generating until the count is reached
+    makes the counts the same everywhere. Every round answers all splits' prompts in one
+    batched generation (a decoding step costs about the same for 40 rows as for 500).
+    Returns the manifest entries.
     """
-    prompts = {}
-    for i, split in enumerate(DATA_FILES):
-        wanted = _wanted(split, recipe)
-        generator = torch.Generator().manual_seed(recipe.seed + 1 + i)
-        prompts[split] = sample_prompts(tokenizer, streams[split],
-                                        wanted + round(wanted * recipe.prompt_slack),
-                                        recipe.prompt_tokens, generator)
-    answers = greedy_continuations(model, tokenizer, [p for s in DATA_FILES for p in prompts[s]],
-                                   recipe.max_new_tokens, recipe.generate_batch_size)
-    stats, start = {}, 0
-    for split in DATA_FILES:
-        n = len(prompts[split])
-        stats[split] = _write_split(tokenizer, prompts[split], answers[start:start + n], split,
-                                    out_dir, recipe)
-        start += n
-    return stats
+    generators = {split: torch.Generator().manual_seed(recipe.seed + 1 + i)
+                  for i, split in enumerate(DATA_FILES)}
+    kept: dict[str, list[tuple[str, Continuation]]] = {split: [] for split in DATA_FILES}
+    counts = {split: {"prompts": 0, "too_short": 0, "rounds": 0} for split in DATA_FILES}
+    for _ in range(MAX_ROUNDS):
+        missing = {split: _wanted(split, recipe) - len(kept[split]) for split in DATA_FILES}
+        prompts = {split: sample_prompts(tokenizer, streams[split],
+                                         n + max(1, round(n * recipe.prompt_slack)),
+                                         recipe.prompt_tokens, generators[split])
+                   for split, n in missing.items() if n > 0}
+        if not prompts:
+            break
+        answers = iter(greedy_continuations(model, tokenizer,
+                                            [p for split in prompts for p in prompts[split]],
+                                            recipe.max_new_tokens, recipe.generate_batch_size))
+        for split, drawn in prompts.items():
+            counts[split]["prompts"] += len(drawn)
+            counts[split]["rounds"] += 1
+            for prompt, answer in zip(drawn, answers):
+                if not long_enough(tokenizer, answer, recipe.min_assistant_tokens):
+                    counts[split]["too_short"] += 1
+                elif len(kept[split]) < _wanted(split, recipe):
+                    kept[split].append((prompt, answer))
+    short = {s: len(k) for s, k in kept.items() if len(k) < _wanted(s, recipe)}
+    if short:
+        raise RuntimeError(f"tiny assets: after {MAX_ROUNDS} rounds only {short} answers are "
+                           f">= {recipe.min_assistant_tokens} tokens; the target answers too "
+                           f"briefly for this recipe")
+    return {split: _write_split(tokenizer, kept[split], split, out_dir) | counts[split]
+            for split in DATA_FILES}
+
+
+def long_enough(tokenizer, answer: Continuation, min_tokens: int) -> bool:
+    """At least ``min_tokens`` as the drafter will see them: re-tokenized from the text."""
+    text = tokenizer.decode(answer.token_ids)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) >= min_tokens
 
 
 def _wanted(split: str, recipe: TinyRecipe) -> int:
     return recipe.num_train if split == "train" else recipe.num_heldout
 
 
-def _write_split(tokenizer, prompts: list[str], answers: list[Continuation], split: str,
-                 out_dir: str, recipe: TinyRecipe) -> dict:
-    """Write the first ``num_<split>`` answers that are long enough; count the others.
-
-    A drafter needs two blocks of supervised tokens, hence ``min_assistant_tokens``.
-    """
-    wanted = _wanted(split, recipe)
-    kept = [(p, a) for p, a in zip(prompts, answers)
-            if len(a.token_ids) >= recipe.min_assistant_tokens][:wanted]
-    if len(kept) < wanted:
-        log.warning("tiny %s data: only %d of %d answers are >= %d tokens", split, len(kept),
-                    wanted, recipe.min_assistant_tokens)
+def _write_split(tokenizer, kept: list[tuple[str, Continuation]], split: str,
+                 out_dir: str) -> dict:
     path = os.path.join(out_dir, DATA_FILES[split])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -85,8 +103,7 @@ def _write_split(tokenizer, prompts: list[str], answers: list[Continuation], spl
             messages = [{"role": "user", "content": prompt},
                         {"role": "assistant", "content": tokenizer.decode(answer.token_ids)}]
             f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
-    return {"path": DATA_FILES[split], "prompts": len(prompts), "kept": len(kept),
-            "too_short": sum(len(a.token_ids) < recipe.min_assistant_tokens for a in answers),
+    return {"path": DATA_FILES[split], "kept": len(kept),
             **answer_stats(tokenizer, [a for _, a in kept])}
 
 

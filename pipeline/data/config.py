@@ -23,6 +23,12 @@ class DataConfig:
     # A malformed line stops the job ("error") or is counted, reported and left out ("skip").
     on_bad_line: str = "error"  # one of ON_BAD_LINE
     micro_batch_size: int = 4
+    # Passed to the chat template in regeneration, training and eval alike. True (Qwen3's own
+    # default): the target may reason, and the drafter trains on everything the target writes,
+    # reasoning included, since speculative decoding serves those tokens too. False: Qwen3's
+    # template puts an empty <think></think> into the prompt, the target answers directly, and
+    # that is what the drafter learns. Templates without the option ignore it.
+    enable_thinking: bool = True
     # Seeds the per-epoch sample order.
     seed: int = 0
 
@@ -33,6 +39,8 @@ class DataConfig:
                     "a JSONL file path or builtin:tiny")
         require_choice("data.format", self.format, FORMATS)
         require_choice("data.on_bad_line", self.on_bad_line, ON_BAD_LINE)
+        require(isinstance(self.enable_thinking, bool), "data.enable_thinking",
+                self.enable_thinking, "true or false")
         # bool is an int subclass; True as a length is a mistake, not a 1.
         for key, low in (("max_length", 2), ("micro_batch_size", 1), ("seed", 0)):
             value = getattr(self, key)

@@ -9,7 +9,7 @@ from typing import Iterator, Mapping
 import torch
 
 from pipeline.data.config import DataConfig
-from pipeline.data.encode import end_of_turn_text, render_conversation, tokenize_rendered
+from pipeline.data.encode import Segment, render_segments, tokenize_segments
 from pipeline.data.reader import Conversation, DataError, read_conversations
 from pipeline.data.stats import DataStats
 
@@ -17,11 +17,22 @@ log = logging.getLogger(__name__)
 
 # Conversations tokenized per call: the fast tokenizer batches in Rust, memory stays bounded.
 _ENCODE_CHUNK = 256
+# A conversation the chat template splits into several sequences (see pipeline.data.encode)
+# gives one sample per segment: id = segment * SEGMENT_STRIDE + line index. Segment 0 keeps
+# the plain line index, so single-sequence data keeps the ids it always had.
+SEGMENT_STRIDE = 1 << 32
+
+
+def sample_id(line_index: int, segment: int) -> int:
+    if not 0 <= line_index < SEGMENT_STRIDE:
+        raise ValueError(f"line index {line_index} is beyond the {SEGMENT_STRIDE} lines a data "
+                         f"file may have")
+    return segment * SEGMENT_STRIDE + line_index
 
 
 @dataclass(frozen=True)
 class Sample:
-    sample_id: int  # 0-based line index in the data file
+    sample_id: int  # the 0-based line index in the data file (+ segment * SEGMENT_STRIDE)
     input_ids: torch.Tensor  # int64 [S]
     loss_mask: torch.Tensor  # int64 [S], 1 where the token is supervised
 
@@ -33,9 +44,11 @@ class Sample:
 class ChatDataset:
     """Reads and encodes a whole JSONL file up front; ``dataset[sample_id]`` is a Sample.
 
+    The chat template is applied with ``config.enable_thinking``, as in regeneration and eval.
     A sample needs at least ``2 * block_size`` supervised tokens (a drafter block needs an
     anchor and the tokens after it); shorter ones are dropped and counted in ``stats``. A
-    sample's id is its line index, so dropping or skipping lines never renumbers the others.
+    sample's id is its line index (see :func:`sample_id` for conversations the template
+    splits into several sequences), so dropping or skipping lines never renumbers the others.
     """
 
     def __init__(self, path: str, tokenizer, config: DataConfig, block_size: int) -> None:
@@ -47,9 +60,8 @@ class ChatDataset:
         self._samples: dict[int, Sample] = {}
         conversations = list(read_conversations(path, config.format, config.on_bad_line,
                                                 self.stats))
-        end_of_turn = end_of_turn_text(tokenizer)
         for i in range(0, len(conversations), _ENCODE_CHUNK):
-            self._encode(conversations[i:i + _ENCODE_CHUNK], tokenizer, end_of_turn, config)
+            self._encode(conversations[i:i + _ENCODE_CHUNK], tokenizer, config)
         # Skipped lines are worth a warning: the user asked to skip them, not to hide them.
         level = logging.WARNING if self.stats.skipped_bad else logging.INFO
         log.log(level, "%s: %s%s", path, self.stats.summary(),
@@ -59,21 +71,22 @@ class ChatDataset:
             log.warning("%s has no usable sample (need >= %d supervised tokens each): %s",
                         path, self.min_supervised, self.stats.summary())
 
-    def _encode(self, conversations: list[Conversation], tokenizer, end_of_turn: str,
+    def _encode(self, conversations: list[Conversation], tokenizer,
                 config: DataConfig) -> None:
-        rendered = []
+        rendered: list[tuple[Conversation, int, Segment]] = []
         for conv in conversations:
             try:
-                rendered.append((conv, *render_conversation(tokenizer, conv.messages,
-                                                             end_of_turn)))
+                segments = render_segments(tokenizer, conv.messages, config.enable_thinking)
             except ValueError as e:  # the template hides an assistant turn: a bad line
                 bad = DataError(self.path, conv.line_index + 1, str(e))
                 if config.on_bad_line == "error":
                     raise bad from None
                 self.stats.record_bad(str(bad))
-        encoded = tokenize_rendered(tokenizer, [text for _, text, _ in rendered],
-                                    [spans for _, _, spans in rendered])
-        for (conv, _, _), (ids, mask) in zip(rendered, encoded):
+                continue
+            self.stats.split_segments += len(segments) - 1
+            rendered += [(conv, k, segment) for k, segment in enumerate(segments)]
+        encoded = tokenize_segments(tokenizer, [segment for _, _, segment in rendered])
+        for (conv, k, _), (ids, mask) in zip(rendered, encoded):
             if len(ids) > config.max_length:
                 self.stats.truncated += 1
                 ids, mask = ids[:config.max_length], mask[:config.max_length]
@@ -81,9 +94,9 @@ class ChatDataset:
                 self.stats.dropped_too_short += 1
                 continue
             self.stats.kept += 1
-            self._samples[conv.line_index] = Sample(
-                conv.line_index, torch.tensor(ids, dtype=torch.long),
-                torch.tensor(mask, dtype=torch.long))
+            sid = sample_id(conv.line_index, k)
+            self._samples[sid] = Sample(sid, torch.tensor(ids, dtype=torch.long),
+                                        torch.tensor(mask, dtype=torch.long))
 
     @property
     def sample_ids(self) -> list[int]:
@@ -101,7 +114,8 @@ class ChatDataset:
             return self._samples[sample_id]
         except KeyError:
             raise KeyError(f"no sample with id {sample_id} in {self.path} (ids are line "
-                           f"indices; dropped and skipped lines have none)") from None
+                           f"indices plus segment * {SEGMENT_STRIDE}; dropped and skipped "
+                           f"lines have none)") from None
 
     def __iter__(self) -> Iterator[Sample]:
         return (self._samples[i] for i in self.sample_ids)

@@ -1,90 +1,90 @@
-"""Chat conversation -> (input_ids, loss_mask) through the tokenizer's own chat template.
+"""Chat conversation -> training sequences with a loss mask, through the target's chat template.
 
-Only what the assistant says is supervised: each assistant message's content plus the
-end-of-turn text the template writes right after it (e.g. ``<|im_end|>``), so the drafter also
-learns to end a turn. Role headers (``<|im_start|>assistant\\n``), system and user turns are
-not. Nothing here knows a particular template: the conversation is rendered once, each message
-content is located in the rendered text (searching forward, in order), and the character spans
-of the assistant turns are mapped to tokens through a fast tokenizer's offsets.
+The mask covers exactly what the target generated: for each assistant turn, the text its chat
+template writes after that turn's own generation prompt, up to and including the end-of-turn
+token (``<|im_end|>``, ``<|eot_id|>``, ...). Role headers, an empty ``<think>`` block that the
+prompt already holds, system, user and tool turns are context. Nothing here knows a particular
+template: every turn is rendered twice, as the prompt the target saw
+(``messages[:i]`` plus the generation prompt) and as the finished turn (``messages[:i+1]``), and
+the difference is what the target wrote.
+
+Templates need not keep history as it was generated. Qwen3's drops the ``<think>`` reasoning of
+every assistant turn before the last user message, so the prompt of turn 2 does not continue
+the text in which turn 1 was generated. Then a conversation becomes several *segments*: each
+is a token sequence the target really saw, and each assistant turn is supervised in exactly one
+of them. Templates that only ever append (Llama 3, ChatML, Qwen3 with a single turn) give one
+segment per conversation. Tokens after the last assistant turn are left out: the target is
+causal, so they change nothing the drafter is trained on.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from pipeline.data.template import Message, render
 
 log = logging.getLogger(__name__)
 
-# Stands in for an assistant message when probing what a template writes after the content.
-_PROBE = "DFLASHPROBE7f3a9c"
-
-Span = tuple[int, int]  # [start, end) character offsets in the rendered text
+Span = tuple[int, int]  # [start, end) character offsets in a segment's text
 
 
-def end_of_turn_text(tokenizer) -> str:
-    """What the chat template writes right after an assistant message's content.
+@dataclass
+class Segment:
+    """One sequence the target saw, and the character spans of what it generated in it."""
 
-    Trailing whitespace is left out: the target stops at the end-of-turn token, so the newline
-    a template puts between turns is never generated and is not worth supervising.
+    text: str
+    spans: list[Span] = field(default_factory=list)
+
+
+def _visible_answer(message: Message) -> str:
+    """The answer part of an assistant message (reasoning may precede it in the content)."""
+    content = message.get("content") or ""
+    return content.split("</think>")[-1].strip()
+
+
+def generated_text(tokenizer, messages: Sequence[Message], index: int,
+                   enable_thinking: bool) -> tuple[str, str]:
+    """(prompt, generated) for the assistant turn ``messages[index]``.
+
+    ``generated`` is what the template writes for the turn after its generation prompt, with
+    the whitespace a template puts between turns cut off: the target stops at its end-of-turn
+    token and never writes that whitespace.
     """
-    probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
-    text = tokenizer.apply_chat_template(probe, tokenize=False)
-    at = text.rfind(_PROBE)
-    if at < 0:
-        raise ValueError("the tokenizer's chat template does not render assistant content "
-                         "verbatim; cannot locate assistant turns to supervise")
-    return text[at + len(_PROBE):].rstrip()
+    try:
+        prompt = render(tokenizer, messages[:index], add_generation_prompt=True,
+                        enable_thinking=enable_thinking)
+        full = render(tokenizer, messages[:index + 1], add_generation_prompt=False,
+                      enable_thinking=enable_thinking)
+    except Exception as e:  # jinja errors (an unknown role, a turn the template refuses)
+        raise ValueError(f"assistant turn {index}: the chat template fails on it "
+                         f"({type(e).__name__}: {e})") from None
+    if not full.startswith(prompt):
+        raise ValueError(f"assistant turn {index}: the chat template does not render it after "
+                         f"its own generation prompt, so what the target wrote is unknown")
+    generated = full[len(prompt):].rstrip()
+    answer = _visible_answer(messages[index])
+    if answer and answer not in generated:
+        raise ValueError(f"assistant turn {index}: its content is not in the text the chat "
+                         f"template renders for it")
+    return prompt, generated
 
 
-def render_conversation(tokenizer, messages: Sequence[dict[str, str]],
-                        end_of_turn: str) -> tuple[str, list[Span]]:
-    """The template's text for ``messages`` and the character spans to supervise.
-
-    Every message's content is searched from a cursor that only moves forward, so a user turn
-    that repeats an earlier answer cannot be mistaken for it. Before an assistant turn the
-    cursor jumps to the end of its role header where the template allows (see
-    :func:`_header_end`), so a short answer such as "im" cannot match inside ``<|im_end|>``.
-    Templates may strip surrounding whitespace, so a content that is not found verbatim is
-    looked up stripped; an assistant content found neither way is an error (the line cannot be
-    supervised correctly).
-    """
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
-    cursor, spans = 0, []
-    for i, message in enumerate(messages):
-        if message["role"] == "assistant" and i > 0:
-            cursor = max(cursor, _header_end(tokenizer, messages[:i], text))
-        span = _find(text, message["content"], cursor)
-        if span is None:
-            if message["role"] == "assistant":
-                raise ValueError(f"assistant turn {i}: its content is not in the text the chat "
-                                 f"template renders")
-            continue  # e.g. a system prompt the template rewrites: not needed for the cursor
-        start, end = span
-        if message["role"] == "assistant":
-            if end_of_turn and text.startswith(end_of_turn, end):
-                end += len(end_of_turn)
-            spans.append((start, end))
-        cursor = end
-    return text, spans
-
-
-def _header_end(tokenizer, history: Sequence[dict[str, str]], text: str) -> int:
-    """Where the next assistant content starts: the end of the history's generation prompt.
-
-    Returns 0 (no information) for templates whose generation prompt is not a prefix of the
-    rendered conversation (some add reasoning markers only to finished turns).
-    """
-    prompt = tokenizer.apply_chat_template(list(history), tokenize=False,
-                                           add_generation_prompt=True)
-    return len(prompt) if text.startswith(prompt) else 0
-
-
-def _find(text: str, content: str, cursor: int) -> Optional[Span]:
-    for candidate in (content, content.strip()):
-        at = text.find(candidate, cursor)
-        if at >= 0:
-            return at, at + len(candidate)
-    return None
+def render_segments(tokenizer, messages: Sequence[Message],
+                    enable_thinking: bool) -> list[Segment]:
+    """The sequences to train on and the spans to supervise in each (see the module doc)."""
+    segments: list[Segment] = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt, generated = generated_text(tokenizer, messages, index, enable_thinking)
+        if not segments or not prompt.startswith(segments[-1].text):
+            segments.append(Segment(prompt))  # the template rewrote history: a new sequence
+        segment = segments[-1]
+        segment.text = prompt + generated
+        segment.spans.append((len(prompt), len(segment.text)))
+    return segments
 
 
 def mask_from_spans(offsets: Sequence[Span], spans: Sequence[Span]) -> list[int]:
@@ -102,27 +102,26 @@ def mask_from_spans(offsets: Sequence[Span], spans: Sequence[Span]) -> list[int]
     return mask
 
 
-def tokenize_rendered(tokenizer, texts: Sequence[str],
-                      spans: Sequence[Sequence[Span]]) -> list[tuple[list[int], list[int]]]:
-    """Tokenize rendered conversations (one batched call) and build their loss masks."""
+def tokenize_segments(tokenizer, segments: Sequence[Segment]
+                      ) -> list[tuple[list[int], list[int]]]:
+    """Tokenize segments (one batched call) and build their loss masks."""
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; loss masks need "
                          f"return_offsets_mapping (load it with use_fast=True)")
+    if not segments:
+        return []
     # The template already wrote any BOS/EOS it wants; the tokenizer must not add more.
-    enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
-    return [(list(ids), mask_from_spans(offsets, s))
-            for ids, offsets, s in zip(enc["input_ids"], enc["offset_mapping"], spans)]
+    enc = tokenizer([s.text for s in segments], add_special_tokens=False,
+                    return_offsets_mapping=True)
+    return [(list(ids), mask_from_spans(offsets, s.spans))
+            for ids, offsets, s in zip(enc["input_ids"], enc["offset_mapping"], segments)]
 
 
-def encode_conversation(tokenizer, messages: Sequence[dict[str, str]], max_length: int,
-                        end_of_turn: Optional[str] = None) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask) of one conversation, truncated to ``max_length`` tokens.
+def encode_conversation(tokenizer, messages: Sequence[Message], max_length: int,
+                        enable_thinking: bool = True,
+                        ) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, loss_mask) of each segment of one conversation, cut to ``max_length``."""
+    encoded = tokenize_segments(tokenizer, render_segments(tokenizer, messages,
+                                                           enable_thinking))
+    return [(ids[:max_length], mask[:max_length]) for ids, mask in encoded]
 
-    ``end_of_turn`` defaults to :func:`end_of_turn_text`; pass it in when encoding many
-    conversations with one tokenizer to probe the template once.
-    """
-    if end_of_turn is None:
-        end_of_turn = end_of_turn_text(tokenizer)
-    text, spans = render_conversation(tokenizer, messages, end_of_turn)
-    [(ids, mask)] = tokenize_rendered(tokenizer, [text], [spans])
-    return ids[:max_length], mask[:max_length]

@@ -20,8 +20,12 @@ from pipeline.validate import require_choice
 
 log = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool",
+                  "observation": "tool"}
+# Keys kept beside role and content, for templates that read them: the reasoning an assistant
+# turn carries apart from its answer, structured tool calls, and which call a tool answers.
+OPTIONAL_KEYS = {"reasoning_content": str, "tool_calls": list, "tool_call_id": str, "name": str}
 # Which top-level key each format keeps its turns under.
 _FORMAT_KEY = {"messages": "messages", "sharegpt": "conversations"}
 
@@ -39,10 +43,11 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class Conversation:
     line_index: int  # 0-based line in the file: the conversation's stable id
-    messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": str}]
+    # [{"role": "system"|"user"|"assistant"|"tool", "content": str, + any OPTIONAL_KEYS}]
+    messages: list[dict[str, Any]]
 
 
-def parse_line(line: str, fmt: str = "auto") -> list[dict[str, str]]:
+def parse_line(line: str, fmt: str = "auto") -> list[dict[str, Any]]:
     """One JSONL line -> messages in OpenAI form. Raises ValueError saying what is wrong."""
     require_choice("fmt", fmt, FORMATS)
     try:
@@ -76,7 +81,7 @@ def _detect_format(record: dict[str, Any]) -> str:
 
 
 def _message(turn: Any, index: int, role_key: str, text_key: str,
-             roles: dict[str, str]) -> dict[str, str]:
+             roles: dict[str, str]) -> dict[str, Any]:
     """Check one turn and map its role to the OpenAI name (human -> user, gpt -> assistant)."""
     if not isinstance(turn, dict):
         raise ValueError(f"turn {index} is a {type(turn).__name__}, expected an object")
@@ -84,12 +89,22 @@ def _message(turn: Any, index: int, role_key: str, text_key: str,
         raise ValueError(f"turn {index} needs keys {role_key!r} and {text_key!r}, "
                          f"got {sorted(turn)}")
     role, text = turn[role_key], turn[text_key]
+    if text is None and turn.get("tool_calls"):  # OpenAI form: a pure tool call has no text
+        text = ""
     if role not in roles:
         raise ValueError(f"turn {index} has {role_key}={role!r}; allowed: {sorted(roles)}")
     if not isinstance(text, str):
         raise ValueError(f"turn {index} has a non-string {text_key!r} "
                          f"({type(text).__name__})")
-    return {"role": roles[role], "content": text}
+    message = {"role": roles[role], "content": text}
+    for key, kind in OPTIONAL_KEYS.items():
+        if turn.get(key) is None:
+            continue
+        if not isinstance(turn[key], kind):
+            raise ValueError(f"turn {index} has a {type(turn[key]).__name__} {key!r}, expected "
+                             f"a {kind.__name__}")
+        message[key] = turn[key]
+    return message
 
 
 def _decode(raw: bytes) -> str:

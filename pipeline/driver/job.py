@@ -198,7 +198,8 @@ class Driver:
 
             tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
             self._heldout = heldout_prompts(self.r.heldout_path, tokenizer,
-                                            self.job.train.eval.prompts)
+                                            self.job.train.eval.prompts, self.job.data.format,
+                                            self.job.data.enable_thinking)
         return self._heldout
 
     def _tau_ref(self, actors: ActorGroup) -> Any:

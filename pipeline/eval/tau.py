@@ -15,19 +15,21 @@ from pipeline.model.target import TargetHead
 log = logging.getLogger(__name__)
 
 
-def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto") -> list[list[int]]:
-    """Each conversation up to (not including) its first assistant turn, as prompt token ids."""
+def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto",
+                    enable_thinking: bool = True) -> list[list[int]]:
+    """Each conversation up to (not including) its first assistant turn, as prompt token ids.
+
+    ``enable_thinking`` must be ``data.enable_thinking``: the prompts the drafter trained on.
+    """
     from pipeline.data import read_conversations
+    from pipeline.data.template import prompt_ids
 
     prompts = []
     for conv in read_conversations(path, fmt=fmt, on_bad_line="error"):
         messages = conv.messages
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        ids = tokenizer.apply_chat_template(messages[:first], add_generation_prompt=True,
-                                            tokenize=True)
-        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        prompts.append(list(ids))
+        prompts.append(prompt_ids(tokenizer, messages[:first],
+                                  enable_thinking=enable_thinking))
         if len(prompts) >= limit:
             break
     return prompts

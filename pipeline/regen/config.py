@@ -23,6 +23,9 @@ class RegenConfig:
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     batch_size: int = 16  # conversations per generate call
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
+    # Passed to the chat template, as data.enable_thinking is in training and eval: use the
+    # same value for both (see pipeline.data.config).
+    enable_thinking: bool = True
     on_bad_line: str = "error"  # a malformed input line stops the job, or is skipped
     format: str = "auto"  # per line, or forced: one of FORMATS
     # Batches queued per worker: one computing, the next already waiting, so a worker never

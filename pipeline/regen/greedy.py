@@ -4,16 +4,24 @@ Multi-turn choice: every assistant turn is regenerated, in order, and later prom
 *regenerated* earlier answers, so each training sample is a conversation the target itself
 could have had. A batch of conversations is decoded in rounds: round ``k`` generates the
 ``k``-th assistant turn of every conversation that has one, all in one left-padded call.
-System and user turns, and anything after the last assistant turn, are kept verbatim.
+System, user and tool turns, and anything after the last assistant turn, are kept verbatim.
+
+Storage choice: an answer is stored as the exact text the target wrote, reasoning included
+(Qwen3: ``<think>\n...\n</think>\n\nanswer``), as the message's ``content``. Qwen3's template
+splits such content back into reasoning and answer itself, and other templates render it as
+it is, so the stored turn re-renders to what was generated; each turn is checked for that.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 from transformers import GenerationConfig
 
+from pipeline.data.encode import generated_text
+from pipeline.data.template import render
 from pipeline.regen.messages import GenRequest, Message, TurnResult
 
 
@@ -32,10 +40,24 @@ def greedy_config(stops: Sequence[int], pad_id: int, max_new_tokens: int) -> Gen
                             eos_token_id=list(stops), pad_token_id=pad_id)
 
 
-def render_prompt(tokenizer, messages: Sequence[Message]) -> str:
+def render_prompt(tokenizer, messages: Sequence[Message], enable_thinking: bool = True) -> str:
     """The conversation so far, ending with the header of the assistant turn to generate."""
-    return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=True)
+    return render(tokenizer, messages, add_generation_prompt=True,
+                  enable_thinking=enable_thinking)
+
+
+def round_trips(tokenizer, messages: Sequence[Message], index: int, answer: str,
+                stops: Sequence[int], enable_thinking: bool) -> bool:
+    """Whether the stored turn ``messages[index]`` re-renders as ``answer`` plus one stop token:
+    what the target generated, so that training supervises exactly that."""
+    try:
+        _, generated = generated_text(tokenizer, messages, index, enable_thinking)
+    except ValueError:
+        return False
+    if not generated.startswith(answer):
+        return False
+    rest = tokenizer(generated[len(answer):], add_special_tokens=False)["input_ids"]
+    return len(rest) == 1 and rest[0] in stops
 
 
 @torch.no_grad()
@@ -69,7 +91,8 @@ def assistant_positions(messages: Sequence[Message]) -> list[int]:
 
 
 def regenerate_batch(model, tokenizer, requests: Sequence[GenRequest],
-                     config: GenerationConfig, stops: Sequence[int]
+                     config: GenerationConfig, stops: Sequence[int],
+                     enable_thinking: bool = True,
                      ) -> list[tuple[list[Message], list[TurnResult]]]:
     """Each request's conversation with its assistant turns regenerated, round by round."""
     convs = [[dict(m) for m in r.messages] for r in requests]
@@ -77,10 +100,12 @@ def regenerate_batch(model, tokenizer, requests: Sequence[GenRequest],
     turns: list[list[TurnResult]] = [[] for _ in requests]
     for depth in range(max((len(p) for p in positions), default=0)):
         todo = [(i, p[depth]) for i, p in enumerate(positions) if depth < len(p)]
-        prompts = [render_prompt(tokenizer, convs[i][:pos]) for i, pos in todo]
+        prompts = [render_prompt(tokenizer, convs[i][:pos], enable_thinking) for i, pos in todo]
         for (i, pos), turn in zip(todo, greedy_batch(model, tokenizer, prompts, config, stops)):
             convs[i][pos] = {"role": "assistant", "content": turn.text}
-            turns[i].append(turn)
+            ok = turn.finished and round_trips(tokenizer, convs[i], pos, turn.text, stops,
+                                               enable_thinking)
+            turns[i].append(dataclasses.replace(turn, round_trips=ok))
     return list(zip(convs, turns))
 
 

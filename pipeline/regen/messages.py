@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-# One chat turn in OpenAI form: {"role": "system"|"user"|"assistant", "content": str}.
-Message = dict[str, str]
+# One chat turn in OpenAI form: {"role": ..., "content": str, + optional keys}.
+Message = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class TurnResult:
     text: str  # decoded answer, without the token that ended it
     num_tokens: int  # generated tokens, without the stop token
     finished: bool  # True: the target ended its turn; False: max_new_tokens cut it
+    # The stored turn re-renders through the chat template as exactly what was generated
+    # (always False for a cut turn: the template closes it with a stop token it never wrote).
+    round_trips: bool = True
 
 
 @dataclass(frozen=True)

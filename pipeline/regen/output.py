@@ -23,7 +23,8 @@ def to_record(result: GenResult) -> dict:
         "messages": [dict(m) for m in result.messages],
         "source_line": result.line_index,  # 0-based, as Conversation.line_index
         "regen": {"num_tokens": [t.num_tokens for t in result.turns],
-                  "finished": [t.finished for t in result.turns]},
+                  "finished": [t.finished for t in result.turns],
+                  "round_trips": [t.round_trips for t in result.turns]},
     }
 
 

@@ -57,7 +57,8 @@ class SingleProcessTrainer:
         if self._full_target is None:
             self._full_target = load_full_target(self.r.target_path, self.r.device,
                                                  self.r.target_dtype)
-        prompts = heldout_prompts(self.r.heldout_path, self.tokenizer, cfg.prompts)
+        prompts = heldout_prompts(self.r.heldout_path, self.tokenizer, cfg.prompts,
+                                  self.job.data.format, self.job.data.enable_thinking)
         tau = evaluate_tau(self._full_target, self.drafter.model, self.drafter.head, prompts,
                            cfg.max_new_tokens, self.r.eos_token_id)
         log.info("tau %.3f on %d held-out prompts", tau, len(prompts))

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
-                 max_new_tokens: int) -> None:
+                 max_new_tokens: int, enable_thinking: bool = True) -> None:
         self.rank = rank
+        self.enable_thinking = enable_thinking
         self.device = actor_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(target_path)
         # Left padding: every row's answer then starts in the same column of the batch.
@@ -38,7 +39,8 @@ class GeneratorWorker:
 
     def generate(self, batch: Sequence[GenRequest]) -> list[GenResult]:
         """Every assistant turn of every conversation in ``batch`` regenerated, in order."""
-        done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops)
+        done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops,
+                                self.enable_thinking)
         main = on_main_thread()
         return [GenResult(line_index=r.line_index, messages=tuple(messages),
                           turns=tuple(turns), on_main_thread=main)

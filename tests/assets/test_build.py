@@ -29,6 +29,21 @@ def test_manifest_records_the_build(tmp_path):
     manifest = build_tiny_assets(str(tmp_path), MICRO)
     assert manifest["recipe"] == dataclasses.asdict(MICRO)
     assert manifest["data"]["train"]["kept"] == 4 and manifest["data"]["heldout"]["kept"] == 2
+    for split in ("train", "heldout"):
+        assert manifest["data"][split]["rounds"] >= 1
     assert manifest["build_time_s"] > 0 and set(manifest["timings_s"]) == {
         "tokenizer", "train_target", "generate_data"}
     assert os.path.exists(tmp_path / "manifest.json")
+
+
+def test_build_generates_until_the_planned_count(tmp_path):
+    # Answers of at least 6 tokens (re-tokenized), with at most 6 generated, from a 3-step
+    # target: many come out short, and the build draws again until it has its plan.
+    recipe = dataclasses.replace(MICRO, min_assistant_tokens=6, prompt_slack=0.0)
+    manifest = build_tiny_assets(str(tmp_path), recipe)
+    for split, wanted in (("train", 4), ("heldout", 2)):
+        stats = manifest["data"][split]
+        assert stats["kept"] == wanted
+        assert stats["prompts"] >= stats["kept"] + stats["too_short"]
+        with open(tmp_path / "data" / f"{split}.jsonl") as f:
+            assert sum(1 for _ in f) == wanted

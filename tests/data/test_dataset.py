@@ -19,7 +19,7 @@ SHORT = chat("Hi", "Hello.")
 
 
 def supervised(tokenizer, record):
-    _, mask = encode_conversation(tokenizer, record["messages"], max_length=512)
+    [(_, mask)] = encode_conversation(tokenizer, record["messages"], max_length=512)
     return sum(mask)
 
 
@@ -34,7 +34,8 @@ def test_sample_ids_are_line_indices_and_drops_are_counted(tiny_tokenizer, write
     st = ds.stats
     assert (st.lines_read, st.kept, st.dropped_too_short, st.skipped_bad, st.truncated) == (
         4, 2, 1, 1, 0)
-    assert st.summary() == ("lines=4 kept=2 dropped_too_short=1 skipped_bad=1 truncated=0")
+    assert st.summary() == ("lines=4 kept=2 dropped_too_short=1 skipped_bad=1 truncated=0 "
+                            "split_segments=0")
     with pytest.raises(KeyError, match="no sample with id 1"):
         ds[1]
 

@@ -2,7 +2,7 @@ import copy
 
 import pytest
 
-from pipeline.data import encode_conversation, end_of_turn_text
+from pipeline.data import encode_conversation
 
 MULTI_TURN = [
     {"role": "system", "content": "You explain Python."},
@@ -33,7 +33,6 @@ def test_exactly_assistant_content_and_end_of_turn_are_supervised(tiny_tokenizer
         ("It does nothing.<|im_end|>", 1),
         ("\n<|im_start|>user\nAnd None?<|im_end|>\n<|im_start|>assistant\n", 0),
         ("None is the null object.<|im_end|>", 1),
-        ("\n", 0),
     ]
     expected_ids, expected_mask = [], []
     for text, supervised in segments:
@@ -41,8 +40,9 @@ def test_exactly_assistant_content_and_end_of_turn_are_supervised(tiny_tokenizer
         expected_ids += ids
         expected_mask += [supervised] * len(ids)
 
-    ids, mask = encode_conversation(tiny_tokenizer, MULTI_TURN, max_length=512)
+    [(ids, mask)] = encode_conversation(tiny_tokenizer, MULTI_TURN, max_length=512)
 
+    # The template only appends, so one sequence; it ends at the last end-of-turn token.
     assert ids == expected_ids
     assert mask == expected_mask
     assert [tiny_tokenizer.decode(r) for r in runs(ids, mask)] == [
@@ -50,14 +50,12 @@ def test_exactly_assistant_content_and_end_of_turn_are_supervised(tiny_tokenizer
 
 
 def test_end_of_turn_comes_from_the_template(tiny_tokenizer):
-    assert end_of_turn_text(tiny_tokenizer) == "<|im_end|>"
     # A template that is not ChatML: the turn ends with <|endoftext|> and no newline.
     other = copy.deepcopy(tiny_tokenizer)
     other.chat_template = (
         "{% for m in messages %}{{ '### ' + m['role'] + ': ' + m['content'] + '<|endoftext|>' }}"
         "{% endfor %}{% if add_generation_prompt %}{{ '### assistant: ' }}{% endif %}")
-    assert end_of_turn_text(other) == "<|endoftext|>"
-    ids, mask = encode_conversation(other, MULTI_TURN, max_length=512)
+    [(ids, mask)] = encode_conversation(other, MULTI_TURN, max_length=512)
     # "assistant: It" tokenizes as "assistant:", " It": the token that straddles the header's
     # space and the answer is supervised, since the model has to produce it.
     assert [other.decode(r) for r in runs(ids, mask)] == [
@@ -68,7 +66,7 @@ def test_short_answer_is_not_found_inside_template_markup(tiny_tokenizer):
     # "im" occurs in "<|im_end|>" of the user turn and "user" in its header; the answer's
     # real position is after the assistant header.
     messages = [{"role": "user", "content": "user"}, {"role": "assistant", "content": "im"}]
-    ids, mask = encode_conversation(tiny_tokenizer, messages, max_length=512)
+    [(ids, mask)] = encode_conversation(tiny_tokenizer, messages, max_length=512)
     [run] = runs(ids, mask)
     assert tiny_tokenizer.decode(run) == "im<|im_end|>"
     header = tiny_tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
@@ -76,8 +74,8 @@ def test_short_answer_is_not_found_inside_template_markup(tiny_tokenizer):
 
 
 def test_truncation_cuts_ids_and_mask_together(tiny_tokenizer):
-    full_ids, full_mask = encode_conversation(tiny_tokenizer, MULTI_TURN, max_length=512)
-    ids, mask = encode_conversation(tiny_tokenizer, MULTI_TURN, max_length=30)
+    [(full_ids, full_mask)] = encode_conversation(tiny_tokenizer, MULTI_TURN, max_length=512)
+    [(ids, mask)] = encode_conversation(tiny_tokenizer, MULTI_TURN, max_length=30)
     assert len(full_ids) > 30
     assert (ids, mask) == (full_ids[:30], full_mask[:30])
 
@@ -87,4 +85,4 @@ def test_template_that_hides_an_answer_is_an_error(tiny_tokenizer):
     other.chat_template = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] | upper }}"
                            "{% endfor %}")
     with pytest.raises(ValueError, match="assistant turn 2: its content is not in the text"):
-        encode_conversation(other, MULTI_TURN, max_length=512, end_of_turn="")
+        encode_conversation(other, MULTI_TURN, max_length=512)

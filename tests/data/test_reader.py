@@ -33,7 +33,7 @@ def test_blank_lines_are_ignored_but_keep_line_indices(write_jsonl):
     ('{"messages": [], "conversations": []}', "exactly one of"),
     ('{"messages": []}', "non-empty list under 'messages'"),
     ('{"messages": [{"role": "user"}]}', "turn 0 needs keys 'role' and 'content'"),
-    ('{"messages": [{"role": "tool", "content": "x"}]}', "role='tool'"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}', "role='robot'"),
     ('{"messages": [{"role": "assistant", "content": 3}]}', "non-string 'content' (int)"),
     ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant turn"),
     ('{"conversations": [{"from": "bot", "value": "x"}]}', "from='bot'"),

@@ -51,7 +51,7 @@ def test_record_is_openai_messages_plus_source_line():
     record = json.loads(_record(7))
     assert record["source_line"] == 7
     assert record["messages"][1] == {"role": "assistant", "content": "answer"}
-    assert record["regen"] == {"num_tokens": [3], "finished": [True]}
+    assert record["regen"] == {"num_tokens": [3], "finished": [True], "round_trips": [True]}
 
 
 @pytest.mark.parametrize("override, flag", [
