@@ -45,7 +45,9 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
     if address:
         ray.init(address=address)
     else:
-        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+        # "local": a private cluster even when a `ray start` head runs on this machine, which
+        # a bare ray.init() would join (and then refuse num_cpus).
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
                  include_dashboard=False)
     return True
 

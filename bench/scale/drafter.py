@@ -17,11 +17,12 @@ from pipeline.training.drafter_trainer import DrafterTrainer
 H100_H200_DENSE_BF16 = 989e12  # datasheet dense bf16 FLOP/s (H100/H200 SXM)
 
 
-def make_trainer(num_anchors: int, attention: str, compile_mode: str) -> DrafterTrainer:
-    options = DrafterConfig(num_layers=5, block_size=16, mask_token_id=151669,
+def make_trainer(num_anchors: int, attention: str, compile_mode: str, num_layers: int = 5,
+                 target_config: dict | None = None) -> DrafterTrainer:
+    options = DrafterConfig(num_layers=num_layers, block_size=16, mask_token_id=151669,
                             num_anchors=num_anchors, attention=attention, compile=compile_mode,
                             static_shapes=True)
-    spec = build_drafter_spec(qwen3_8b_config(), options)
+    spec = build_drafter_spec(target_config or qwen3_8b_config(), options)
     vocab, hidden = spec.hf_config["vocab_size"], spec.hidden_size
     g = torch.Generator(device="cuda").manual_seed(0)
     head = TargetHead(

@@ -43,6 +43,12 @@ class DrafterTrainer:
         self.autocast_dtype = autocast_dtype
         self.head = head.to(device, autocast_dtype or torch.float32)
         self.model = build_drafter(spec, seed, device)
+        # Gradients get buffers of their own for the whole run. Under CUDA graphs
+        # (compile=reduce-overhead) a first backward would otherwise adopt the graph's output
+        # memory as .grad, and the next micro-batch's replay would overwrite it before the
+        # step: gradient accumulation would read freed graph memory.
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
         self.objective = Objective.from_config(spec, options)
         self.optimizer = build_optimizer(self.model, optim)
         self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
@@ -86,10 +92,7 @@ class DrafterTrainer:
         single-process trainer holds every micro-batch of the step itself and passes none.
         """
         denominator = self.local_denominator
-        if reduce is not None:
-            for p in self.model.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)  # a replica without micro-batches adds zeros
+        if reduce is not None:  # a replica without micro-batches adds its zero gradients
             denominator = reduce([p.grad for p in self.model.parameters()], denominator)
         norm = apply_update(self.model, self.optimizer, self.scheduler, denominator,
                             self.optim.grad_clip)

@@ -46,5 +46,7 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
     optimizer.step()
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    # Zeroed in place, never dropped: the buffers must outlive CUDA-graph replays (see
+    # DrafterTrainer).
+    optimizer.zero_grad(set_to_none=False)
     return float(norm)
