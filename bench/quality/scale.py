@@ -1,0 +1,96 @@
+"""Every number that sizes a run, per scale: ``gpu`` (one H200, ~10 minutes) and ``tiny`` (CPU).
+
+The GPU figures are estimates for a 1x H200, not measurements: the target trains for a fixed
+time (its step count is fitted to the measured step time), and every stage has a wall-clock
+budget that ends it (a subprocess is stopped, and what it logged so far is still read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    device: str  # "cuda" or "cpu"
+    seed: int = 0
+
+    # Corpus and tokenizer.
+    heldout_fraction: float = 0.05  # of files, by a stable hash of the path
+    max_corpus_chars: int = 0  # 0: the whole standard library
+    vocab_size: int = 8192
+    tokenizer_sample_chars: int = 6_000_000  # BPE trains on a seeded subsample of files
+
+    # The target: a Qwen3ForCausalLM trained from scratch.
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int = 4
+    head_dim: int = 64
+    intermediate_size: int = 2048
+    max_position_embeddings: int = 2048
+    seq_len: int = 1024  # tokens per training sequence, chat markup included
+    user_tokens: tuple[int, int] = (16, 256)  # prefix given as the user turn, drawn per batch
+    batch_size: int = 64
+    lr: float = 1.5e-3
+    warmup_steps: int = 60
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    compile_target: bool = True
+    target_train_s: float = 170.0  # wall clock for the training loop, compile included
+    heldout_eval_tokens: int = 262_144
+
+    # Prompts and their regenerated answers.
+    num_train_prompts: int = 6144
+    num_heldout_prompts: int = 96  # tau prompts: from held-out files, seen by no trainer
+    prompt_tokens: tuple[int, int] = (32, 192)
+    max_new_tokens: int = 192
+    regen_batch_size: int = 512
+
+    # The drafters (see overrides.py for how these reach the trainers).
+    block_size: int = 16
+    drafter_layers: int = 3
+    num_taps: int = 5  # spread by the pipeline's default rule over the target's layers
+    num_anchors: int = 192
+    drafter_lr: float = 1.5e-3
+    micro_batch_size: int = 16
+    epochs: int = 3
+    max_steps: int = 900
+    data_max_length: int = 448  # prompt (<= ~200) + answer (<= 192) + chat markup
+    eval_every: int = 300
+    eval_prompts: int = 32
+    eval_max_new_tokens: int = 64
+    cluster_device: str = "cuda"
+    # Tap layers and attention/compile choices are fixed in overrides.py (defaults, flex).
+    attention: str = "flex"
+    compile: str = "default"
+
+    # Wall-clock budgets of the subprocess stages (seconds); the whole run must fit 10 min.
+    regen_budget_s: float = 100.0
+    train_budget_s: float = 230.0  # each trainer; both run at the same time
+    concurrent_trainers: bool = True
+
+
+GPU = Scale(name="gpu", device="cuda")
+
+# A whole chain on two shared CPU cores in a few minutes: shapes tiny, the wiring the same.
+TINY = Scale(
+    name="tiny", device="cpu", max_corpus_chars=1_500_000, vocab_size=1024,
+    tokenizer_sample_chars=300_000, hidden_size=64, num_layers=6, num_heads=4, num_kv_heads=2,
+    head_dim=16, intermediate_size=192, max_position_embeddings=512, seq_len=160,
+    user_tokens=(8, 48), batch_size=8, lr=3e-3, warmup_steps=10, compile_target=False,
+    target_train_s=25.0, heldout_eval_tokens=8192, num_train_prompts=96,
+    num_heldout_prompts=8, prompt_tokens=(16, 40), max_new_tokens=48, regen_batch_size=64,
+    block_size=8, drafter_layers=1, num_taps=3, num_anchors=16, drafter_lr=3e-3, micro_batch_size=4,
+    epochs=1, max_steps=8, data_max_length=128, eval_every=4, eval_prompts=4,
+    eval_max_new_tokens=24, cluster_device="cpu", attention="flex", compile="default",
+    regen_budget_s=240.0, train_budget_s=400.0)
+
+SCALES = {s.name: s for s in (GPU, TINY)}
+
+
+def get_scale(name: str) -> Scale:
+    if name not in SCALES:
+        raise ValueError(f"--scale={name!r}: allowed {sorted(SCALES)}")
+    return SCALES[name]
