@@ -52,15 +52,15 @@ def run(scale: Scale, out: Path, work: Path) -> dict:
     result: dict = {"scale": scale.name, "block_size": scale.block_size,
                     "date": datetime.date.today().isoformat(), "machine": machine(scale),
                     "versions": _versions(), "command": _command(scale, out, work)}
+    budgets = scale.budgets()
     try:
-        with clock.stage("corpus", 90):
+        with clock.stage("corpus", budgets["corpus"]):
             tokenizer, streams, result["corpus"] = stages.corpus_and_tokenizer(scale)
-        with clock.stage("target", scale.target_train_s + 40):
+        with clock.stage("target", budgets["target"]):
             result.update(stages.target(scale, tokenizer, streams, paths))
-        with clock.stage("data", scale.regen_budget_s):
+        with clock.stage("data", budgets["data"]):
             result.update(stages.data(scale, tokenizer, streams, paths))
-        with clock.stage("drafters", scale.train_budget_s * (1 if scale.concurrent_trainers
-                                                              else 2)):
+        with clock.stage("drafters", budgets["drafters"]):
             trainers = stages.drafters(scale, paths)
         _add_drafter_figures(result, trainers, scale)
         result["plots"] = plot_curves({k: t.curves for k, t in trainers.items()},

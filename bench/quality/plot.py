@@ -15,7 +15,7 @@ from bench.quality.runs import Curves
 
 log = logging.getLogger(__name__)
 
-_STYLE = {"pipeline": "-", "reference": "--"}
+_STYLE = {"pipeline": ("-", "C0"), "reference": ("--", "C1")}  # line style, colour
 
 
 def write_curve_data(curves: dict[str, Curves], out: Path) -> list[str]:
@@ -46,17 +46,19 @@ def plot_curves(curves: dict[str, Curves], block_size: int, out: Path) -> list[s
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     positions = sorted({1, 2, 4, 8, block_size - 1})
     for name, c in curves.items():
-        ls = _STYLE.get(name, ":")
-        axes[0, 0].plot(c.steps, c.loss, ls, label=name)
-        for k in positions:
+        ls, color = _STYLE.get(name, (":", "C2"))
+        axes[0, 0].plot(c.steps, c.loss, ls, color=color, label=name)
+        for i, k in enumerate(positions):  # colour: the position; line style: the trainer
             if c.position_accuracy and k <= len(c.position_accuracy[0]):
                 axes[0, 1].plot(c.steps, [r[k - 1] for r in c.position_accuracy], ls,
-                                label=f"{name} pos {k}")
+                                color=f"C{i + 2}", label=f"{name} pos {k}")
         final = c.final_position_accuracy()
-        axes[1, 0].plot(range(1, len(final) + 1), final, ls, marker="o", label=name)
-        axes[1, 1].plot(c.steps, c.expected_tau, ls, alpha=0.5,
+        axes[1, 0].plot(range(1, len(final) + 1), final, ls, color=color, marker="o",
+                        label=name)
+        axes[1, 1].plot(c.steps, c.expected_tau, ls, color=color, alpha=0.4,
                         label=f"{name}: from train accuracies")
-        axes[1, 1].plot(c.tau_steps, c.tau, ls, marker="s", label=f"{name}: eval/tau held-out")
+        axes[1, 1].plot(c.tau_steps, c.tau, ls, color=color, marker="s",
+                        label=f"{name}: eval/tau, held-out prompts")
     axes[0, 0].set(title="drafter loss", xlabel="step", yscale="log")
     axes[0, 1].set(title="accuracy at block positions", xlabel="step")
     axes[1, 0].set(title="per-position accuracy (mean of last 20 steps)",

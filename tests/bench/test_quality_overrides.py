@@ -29,3 +29,8 @@ def test_gpu_scale_is_block_16_on_cuda():
     gpu = SCALES["gpu"]
     assert gpu.block_size == 16 and gpu.device == gpu.cluster_device == "cuda"
     assert (gpu.attention, gpu.compile) == ("flex", "default")
+
+
+def test_gpu_budgets_fit_one_ten_minute_command():
+    # Python start-up, imports and the result files get the rest of the 600 s.
+    assert sum(SCALES["gpu"].budgets().values()) <= 570
