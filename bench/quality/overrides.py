@@ -23,6 +23,7 @@ def trainer_overrides(scale: Scale, target_dir: str, train_path: str, heldout_pa
         "target.dtype=auto",  # bfloat16 on CUDA, float32 on CPU
         # --- cluster ---------------------------------------------------------------------
         f"cluster.device={scale.cluster_device}",
+        f"cluster.cpus_per_actor={scale.cpus_per_actor}",
         # --- drafter (taps: the default spread over the target's layers) ----------------
         f"drafter.num_layers={scale.drafter_layers}",
         f"drafter.block_size={scale.block_size}",

@@ -38,7 +38,7 @@ class Scale:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     compile_target: bool = True
-    target_train_s: float = 150.0  # wall clock for the training loop, compile included
+    target_train_s: float = 135.0  # wall clock for the training loop, compile included
     heldout_eval_tokens: int = 262_144
 
     # Prompts and their regenerated answers.
@@ -58,10 +58,16 @@ class Scale:
     epochs: int = 3
     max_steps: int = 800
     data_max_length: int = 448  # prompt (<= ~200) + answer (<= 192) + chat markup
+    # tau is decoded one prompt at a time (~30 ms a round, estimated): the untrained drafter's
+    # eval costs prompts x new tokens rounds, a trained one's about a third of that.
     eval_every: int = 400
     eval_prompts: int = 24
-    eval_max_new_tokens: int = 64
+    eval_max_new_tokens: int = 48
     cluster_device: str = "cuda"
+    # Ray CPUs per actor (one_gpu's 4 on the 16-core GPU machine). The driver starts Ray with
+    # targets+drafters x this + 1 CPUs, but the prefetcher takes this many too: on a 2-core
+    # machine 4 leaves the placement group unschedulable.
+    cpus_per_actor: float = 4.0
     # Tap layers and attention/compile choices are fixed in overrides.py (defaults, flex).
     attention: str = "flex"
     compile: str = "default"
@@ -70,7 +76,7 @@ class Scale:
     corpus_budget_s: float = 60.0  # not enforced: sized by tokenizer_sample_chars
     target_extra_s: float = 40.0  # held-out loss and save_pretrained, after training
     regen_budget_s: float = 90.0
-    train_budget_s: float = 220.0  # each trainer; both run at the same time
+    train_budget_s: float = 240.0  # each trainer; both run at the same time
     concurrent_trainers: bool = True
 
     def budgets(self) -> dict[str, float]:
@@ -92,7 +98,7 @@ TINY = Scale(
     num_heldout_prompts=8, prompt_tokens=(16, 40), max_new_tokens=48, regen_batch_size=64,
     block_size=8, drafter_layers=1, num_taps=3, num_anchors=16, drafter_lr=3e-3, micro_batch_size=4,
     epochs=1, max_steps=8, data_max_length=128, eval_every=4, eval_prompts=4,
-    eval_max_new_tokens=24, cluster_device="cpu",
+    eval_max_new_tokens=24, cluster_device="cpu", cpus_per_actor=0.5,
     # FlexAttention has no backward on CPU, and inductor's C++ build takes minutes here.
     attention="sdpa", compile="off",
     corpus_budget_s=120.0,

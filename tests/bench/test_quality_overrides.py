@@ -13,6 +13,7 @@ def test_overrides_compose_and_carry_the_scale(name):
     job = compose_job(trainer_overrides(scale, "/w/target", "/w/train.jsonl",
                                         "/w/heldout.jsonl", "/w/runs/x"))
     assert job.cluster.num_drafters == 1 and job.cluster.device == scale.cluster_device
+    assert job.cluster.cpus_per_actor == scale.cpus_per_actor
     assert job.logger.kind == "none"
     d = job.drafter
     assert (d.block_size, d.num_layers, d.num_anchors) == (scale.block_size,
