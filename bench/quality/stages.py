@@ -75,15 +75,20 @@ def target(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Pat
     run = train(model, ChatWindows(tokenizer, streams["train"], scale, scale.seed), scale)
     loss = heldout_loss(model, ChatWindows(tokenizer, streams["heldout"], scale,
                                            scale.seed + 1), scale)
+    # The same measure on training files: the gap says how much the target memorised.
+    train_loss = heldout_loss(model, ChatWindows(tokenizer, streams["train"], scale,
+                                                 scale.seed + 1), scale)
     log.info("target: %d params, %d steps (%.0f s, %.1fM tokens), held-out loss %.3f "
-             "nats/token", run.params, run.steps, run.train_s, run.tokens_seen / 1e6, loss)
+             "nats/token (training files %.3f)", run.params, run.steps, run.train_s,
+             run.tokens_seen / 1e6, loss, train_loss)
     model.save_pretrained(paths.target)
     tokenizer.save_pretrained(paths.target)
     del model
     if scale.device == "cuda":
         torch.cuda.empty_cache()
     return {"target_params": run.params, "target_heldout_loss": round(loss, 4),
-            "target_train": {"steps": run.steps, "train_s": round(run.train_s, 1),
+            "target_train": {"steps": run.steps, "train_files_loss": round(train_loss, 4),
+                             "train_s": round(run.train_s, 1),
                              "tokens_seen": run.tokens_seen,
                              "final_train_loss": run.losses[-1][1] if run.losses else None,
                              "loss_curve": run.losses}}

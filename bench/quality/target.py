@@ -25,6 +25,7 @@ from pipeline.assets.target import chat_pieces
 log = logging.getLogger(__name__)
 
 _TIMED_AFTER = 5  # steps left out of the step time: compile and warm-up
+_REFIT_AT = (10, 60)  # steps after which the step count is fitted to the budget
 
 
 @dataclass
@@ -137,7 +138,7 @@ def train(model, windows: ChatWindows, scale: Scale) -> TargetRun:
         if step == _TIMED_AFTER:
             _sync(dev)
             timed_from = time.perf_counter()
-        if step == 2 * _TIMED_AFTER:
+        if step in _REFIT_AT:  # early for the schedule's sake, again once steady
             total = _fit_steps(step, timed_from, start, scale)
         if step % 25 == 0 or step == 1:
             value = loss.item()
@@ -147,6 +148,8 @@ def train(model, windows: ChatWindows, scale: Scale) -> TargetRun:
                      time.perf_counter() - start)
     _sync(dev)
     run.steps, run.train_s = step, time.perf_counter() - start
+    if step and (not run.losses or run.losses[-1][0] != step):
+        run.losses.append((step, loss.item()))
     model.eval()
     return run
 
@@ -155,7 +158,7 @@ def _fit_steps(step: int, timed_from: float, start: float, scale: Scale) -> int:
     """Steps that fit the budget at the step time measured over the last few steps."""
     _sync(scale.device)
     now = time.perf_counter()
-    per_step = (now - timed_from) / _TIMED_AFTER
+    per_step = (now - timed_from) / (step - _TIMED_AFTER)
     left = scale.target_train_s - (now - start)
     total = step + max(0, int(left / per_step))
     log.info("target: %.3f s/step after warm-up -> %d steps in %.0f s", per_step, total,

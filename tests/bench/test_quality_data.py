@@ -69,3 +69,14 @@ def test_windows_refuse_a_sequence_too_short_for_the_prefix(tokenizer):
     stream = encode_stream(tokenizer, [("a.py", TEXTS[0] * 10)])
     with pytest.raises(ValueError, match="seq_len=20"):
         ChatWindows(tokenizer, stream, replace(TINY, seq_len=20, user_tokens=(5, 12)), 0)
+
+
+def test_target_schedule_warms_up_then_decays_to_the_floor():
+    from bench.quality.target import _lr_at
+
+    scale = replace(TINY, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert _lr_at(0, 100, scale) == pytest.approx(0.1)
+    assert _lr_at(9, 100, scale) == pytest.approx(1.0)
+    assert _lr_at(55, 100, scale) == pytest.approx(0.55)  # half-way down the cosine
+    assert _lr_at(100, 100, scale) == pytest.approx(0.1)
+    assert _lr_at(500, 100, scale) == pytest.approx(0.1)  # past the fitted end: the floor
