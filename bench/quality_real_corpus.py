@@ -14,8 +14,9 @@ Stages, each with a wall-clock budget (bench/quality/scale.py; about 9 minutes o
    ``python -m pipeline.train_single`` with the same overrides (bench/quality/overrides.py),
    at the same time on the GPU; their metrics.jsonl give the curves and tau.
 
-Writes ``OUT/quality_real_corpus.json``, ``OUT/curves.png`` (or curves.json/.csv when
-matplotlib is missing) and the last lines of each subprocess log; large files stay in WORK.
+Writes ``OUT/quality_real_corpus.json``, ``OUT/curves.png`` (and curves.json/.csv, all that
+is written when matplotlib is missing), ``OUT/samples.jsonl`` (a few held-out prompts with the
+target's answers) and the last lines of each subprocess log; large files stay in WORK.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def run(scale: Scale, out: Path, work: Path) -> dict:
             result.update(stages.target(scale, tokenizer, streams, paths))
         with clock.stage("data", budgets["data"]):
             result.update(stages.data(scale, tokenizer, streams, paths))
+        _copy_samples(paths.heldout_data, out / "samples.jsonl", 4)
         with clock.stage("drafters", budgets["drafters"]):
             trainers = stages.drafters(scale, paths)
         _add_drafter_figures(result, trainers, scale)
@@ -91,6 +93,12 @@ def _add_drafter_figures(result: dict, trainers: dict, scale: Scale) -> None:
     log.info("tau pipeline %s, reference %s (block %d)", tau_p, tau_r, scale.block_size)
 
 
+def _copy_samples(src: Path, dst: Path, n: int) -> None:
+    """A few held-out prompts with the target's answers, to read what it writes."""
+    with open(src) as f:
+        dst.write_text("".join(line for _, line in zip(range(n), f)))
+
+
 def _copy_log_tails(paths: stages.Paths, out: Path) -> None:
     logs = paths.work / "logs"
     for path in sorted(logs.glob("*.log")) if logs.exists() else []:
@@ -115,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/tmp/quality", help="large files: model, data, runs")
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     scale = get_scale(args.scale)
     if scale.device == "cuda" and not torch.cuda.is_available():
         p.exit(2, f"{p.prog}: error: --scale {scale.name} needs CUDA; use --scale tiny\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        handlers=[logging.StreamHandler(),
+                                  logging.FileHandler(out / "quality_real_corpus.log", "w")])
     if work.exists() and any(work.iterdir()) and not (work / _MARKER).exists():
         p.exit(2, f"{p.prog}: error: --work {work} exists and was not made by this script; "
                   "give an empty or new directory\n")

@@ -38,7 +38,11 @@ class Finished:
 def start(name: str, args: list[str], log_path: Path, budget_s: float) -> Job:
     """``python <args>`` from the repository root, stdout+stderr into ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a private cluster
+    env = dict(os.environ)
+    # A private Ray cluster per subprocess. Without an address, ray.init joins the last
+    # `ray start` cluster recorded on the machine, and the pipeline's init_ray then fails
+    # ("num_cpus ... must not be provided"); "local" always starts a new one.
+    env["RAY_ADDRESS"] = "local"
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [sys.executable, *args]
     log.info("%s: %s (budget %.0f s, log %s)", name, " ".join(cmd), budget_s, log_path)

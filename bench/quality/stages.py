@@ -21,6 +21,8 @@ from bench.quality.runs import Curves, read_pipeline, read_single
 from bench.quality.scale import Scale
 from bench.quality.target import ChatWindows, build_model, heldout_loss, train
 from bench.quality.tokens import encode_stream, train_tokenizer
+from pipeline.assets.chat_data import answer_stats
+from pipeline.assets.generate import Continuation
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ def target(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Pat
     model.save_pretrained(paths.target)
     tokenizer.save_pretrained(paths.target)
     del model
+    torch.compiler.reset()  # compiled code must not keep the model alive on the GPU
     if scale.device == "cuda":
         torch.cuda.empty_cache()
     return {"target_params": run.params, "target_heldout_loss": round(loss, 4),
@@ -114,6 +117,8 @@ def data(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Paths
         raise RuntimeError(f"pipeline.regenerate failed (exit {finished.returncode}); "
                            f"see {finished.log_path}")
     stats = _split_regenerated(paths, n_train)
+    # How repetitive the target's answers are: what a drafter can exploit.
+    stats["heldout_answers"] = _answer_stats(tokenizer, paths.heldout_data)
     log.info("data: %s", stats)
     return {"data": stats, "regenerate_wall_s": round(finished.wall_s, 1)}
 
@@ -134,6 +139,17 @@ def _split_regenerated(paths: Paths, n_train: int) -> dict:
     return {split: {"conversations": counts[split],
                     "mean_answer_tokens": round(tokens[split] / max(1, counts[split]), 1),
                     "ended_turn": finished[split]} for split in counts}
+
+
+def _answer_stats(tokenizer, path: Path) -> dict:
+    answers = []
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            text = next(m["content"] for m in record["messages"] if m["role"] == "assistant")
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            answers.append(Continuation(ids, all(record["regen"]["finished"])))
+    return answer_stats(tokenizer, answers)
 
 
 @dataclass
