@@ -1,0 +1,113 @@
+"""Every number that sizes a run, per scale: ``gpu`` (one H200, ~10 minutes) and ``tiny`` (CPU).
+
+The GPU figures are estimates for a 1x H200, not measurements: the target trains for a fixed
+time (its step count is fitted to the measured step time), and every stage has a wall-clock
+budget that ends it (a subprocess is stopped, and what it logged so far is still read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    device: str  # "cuda" or "cpu"
+    seed: int = 0
+
+    # Corpus and tokenizer.
+    heldout_fraction: float = 0.05  # of files, by a stable hash of the path
+    max_corpus_chars: int = 0  # 0: the whole standard library
+    vocab_size: int = 8192
+    tokenizer_sample_chars: int = 6_000_000  # BPE trains on a seeded subsample of files
+
+    # The target: a Qwen3ForCausalLM trained from scratch.
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int = 4
+    head_dim: int = 64
+    intermediate_size: int = 2048
+    max_position_embeddings: int = 2048
+    seq_len: int = 1024  # tokens per training sequence, chat markup included
+    user_tokens: tuple[int, int] = (16, 256)  # prefix given as the user turn, drawn per batch
+    batch_size: int = 64
+    lr: float = 1.5e-3
+    warmup_steps: int = 60
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    compile_target: bool = True
+    target_train_s: float = 135.0  # wall clock for the training loop, compile included
+    heldout_eval_tokens: int = 262_144
+
+    # Prompts and their regenerated answers.
+    num_train_prompts: int = 6144
+    num_heldout_prompts: int = 96  # tau prompts: from held-out files, seen by no trainer
+    prompt_tokens: tuple[int, int] = (32, 192)
+    max_new_tokens: int = 192
+    regen_batch_size: int = 1024
+
+    # The drafters (see overrides.py for how these reach the trainers).
+    block_size: int = 16
+    drafter_layers: int = 3
+    num_taps: int = 5  # spread by the pipeline's default rule over the target's layers
+    num_anchors: int = 192
+    drafter_lr: float = 1.5e-3
+    micro_batch_size: int = 16
+    epochs: int = 3
+    max_steps: int = 800
+    data_max_length: int = 448  # prompt (<= ~200) + answer (<= 192) + chat markup
+    # tau is decoded one prompt at a time (~30 ms a round, estimated): the untrained drafter's
+    # eval costs prompts x new tokens rounds, a trained one's about a third of that.
+    eval_every: int = 400
+    eval_prompts: int = 24
+    eval_max_new_tokens: int = 48
+    cluster_device: str = "cuda"
+    # Ray CPUs per actor (one_gpu's 4 on the 16-core GPU machine). The driver starts Ray with
+    # targets+drafters x this + 1 CPUs, but the prefetcher takes this many too: on a 2-core
+    # machine 4 leaves the placement group unschedulable.
+    cpus_per_actor: float = 4.0
+    # Tap layers and attention/compile choices are fixed in overrides.py (defaults, flex).
+    attention: str = "flex"
+    compile: str = "default"
+
+    # Wall-clock budgets (seconds); their sum must fit the 10 minutes of one GPU command.
+    corpus_budget_s: float = 60.0  # not enforced: sized by tokenizer_sample_chars
+    target_extra_s: float = 40.0  # held-out loss and save_pretrained, after training
+    regen_budget_s: float = 90.0
+    train_budget_s: float = 240.0  # each trainer; both run at the same time
+    concurrent_trainers: bool = True
+
+    def budgets(self) -> dict[str, float]:
+        drafters = self.train_budget_s * (1 if self.concurrent_trainers else 2)
+        return {"corpus": self.corpus_budget_s,
+                "target": self.target_train_s + self.target_extra_s,
+                "data": self.regen_budget_s, "drafters": drafters}
+
+
+GPU = Scale(name="gpu", device="cuda")
+
+# A whole chain on two shared CPU cores in a few minutes: shapes tiny, the wiring the same.
+TINY = Scale(
+    name="tiny", device="cpu", max_corpus_chars=1_500_000, vocab_size=1024,
+    tokenizer_sample_chars=300_000, hidden_size=64, num_layers=6, num_heads=4, num_kv_heads=2,
+    head_dim=16, intermediate_size=192, max_position_embeddings=512, seq_len=160,
+    user_tokens=(8, 48), batch_size=8, lr=3e-3, warmup_steps=10, compile_target=False,
+    target_train_s=25.0, heldout_eval_tokens=8192, num_train_prompts=96,
+    num_heldout_prompts=8, prompt_tokens=(16, 40), max_new_tokens=48, regen_batch_size=64,
+    block_size=8, drafter_layers=1, num_taps=3, num_anchors=16, drafter_lr=3e-3, micro_batch_size=4,
+    epochs=1, max_steps=8, data_max_length=128, eval_every=4, eval_prompts=4,
+    eval_max_new_tokens=24, cluster_device="cpu", cpus_per_actor=0.5,
+    # FlexAttention has no backward on CPU, and inductor's C++ build takes minutes here.
+    attention="sdpa", compile="off",
+    corpus_budget_s=120.0,
+    regen_budget_s=240.0, train_budget_s=600.0)
+
+SCALES = {s.name: s for s in (GPU, TINY)}
+
+
+def get_scale(name: str) -> Scale:
+    if name not in SCALES:
+        raise ValueError(f"--scale={name!r}: allowed {sorted(SCALES)}")
+    return SCALES[name]

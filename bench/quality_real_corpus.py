@@ -1,0 +1,149 @@
+"""A drafter that drafts on a real target, built from scratch in one command (issue 10).
+
+    python -m bench.quality_real_corpus --out docs/bench/quality --work /tmp/quality   # H200
+    python -m bench.quality_real_corpus --scale tiny --out /tmp/q_out --work /tmp/q    # CPU
+
+Stages, each with a wall-clock budget (bench/quality/scale.py; about 9 minutes on one H200):
+1. corpus: CPython's standard library .py files and help topics, split by a hash of the path;
+   a byte-level BPE with ChatML and a mask token, trained on a subsample;
+2. target: a Qwen3ForCausalLM (~90M parameters) trained from scratch on chat-formed code
+   (user: a prefix, assistant: the rest); held-out loss reported; save_pretrained;
+3. data: training-file and held-out-file prefixes answered greedily by the target through
+   ``python -m pipeline.regenerate``; held-out prompts are used only for tau;
+4. drafters: ``python -m pipeline.train`` (Ray, 1 GPU shared by target and drafter actors) and
+   ``python -m pipeline.train_single`` with the same overrides (bench/quality/overrides.py),
+   at the same time on the GPU; their metrics.jsonl give the curves and tau.
+
+Writes ``OUT/quality_real_corpus.json``, ``OUT/curves.png`` (and curves.json/.csv, all that
+is written when matplotlib is missing), ``OUT/samples.jsonl`` (a few held-out prompts with the
+target's answers) and the last lines of each subprocess log; large files stay in WORK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+from bench.quality import proc, stages
+from bench.quality.clock import StageClock
+from bench.quality.plot import plot_curves
+from bench.quality.scale import SCALES, Scale, get_scale
+
+log = logging.getLogger("bench.quality")
+_MARKER = ".quality_real_corpus"
+
+
+def machine(scale: Scale) -> str:
+    cores = len(os.sched_getaffinity(0))
+    if scale.device == "cuda":
+        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}, {cores} CPU cores"
+    return f"CPU only ({platform.processor() or platform.machine()}), {cores} cores"
+
+
+def run(scale: Scale, out: Path, work: Path) -> dict:
+    clock, paths = StageClock(), stages.Paths(work)
+    result: dict = {"scale": scale.name, "block_size": scale.block_size,
+                    "date": datetime.date.today().isoformat(), "machine": machine(scale),
+                    "versions": _versions(), "command": _command(scale, out, work)}
+    budgets = scale.budgets()
+    try:
+        with clock.stage("corpus", budgets["corpus"]):
+            tokenizer, streams, result["corpus"] = stages.corpus_and_tokenizer(scale)
+        with clock.stage("target", budgets["target"]):
+            result.update(stages.target(scale, tokenizer, streams, paths))
+        with clock.stage("data", budgets["data"]):
+            result.update(stages.data(scale, tokenizer, streams, paths))
+        _copy_samples(paths.heldout_data, out / "samples.jsonl", 4)
+        with clock.stage("drafters", budgets["drafters"]):
+            trainers = stages.drafters(scale, paths)
+        _add_drafter_figures(result, trainers, scale)
+        result["plots"] = plot_curves({k: t.curves for k, t in trainers.items()},
+                                      scale.block_size, out)
+    finally:
+        result["stage_timings"] = clock.stages
+        result["total_wall_s"] = round(clock.elapsed(), 1)
+        _copy_log_tails(paths, out)
+        (out / "quality_real_corpus.json").write_text(json.dumps(result, indent=2))
+        log.info("wrote %s", out / "quality_real_corpus.json")
+    return result
+
+
+def _add_drafter_figures(result: dict, trainers: dict, scale: Scale) -> None:
+    summary = stages.trainer_summary(trainers)
+    tau_p, tau_r = summary["pipeline"]["final_tau"], summary["reference"]["final_tau"]
+    walls = [t.wall_s for t in trainers.values()]
+    result.update({
+        "tau_pipeline": tau_p, "tau_reference": tau_r,
+        "tau_relative_gap": (abs(tau_p - tau_r) / tau_r) if tau_p and tau_r else None,
+        # Both trainers hold the one GPU at the same time: GPU minutes = the longer wall.
+        "drafter_train_gpu_minutes": round((max(walls) if scale.concurrent_trainers
+                                            else sum(walls)) / 60, 2),
+        "trainers_concurrent": scale.concurrent_trainers, "trainers": summary,
+        "goals": {"tau_at_least_3": bool(tau_p and tau_p >= 3.0),
+                  "agree_within_5pct": bool(tau_p and tau_r
+                                            and abs(tau_p - tau_r) / tau_r <= 0.05)}})
+    log.info("tau pipeline %s, reference %s (block %d)", tau_p, tau_r, scale.block_size)
+
+
+def _copy_samples(src: Path, dst: Path, n: int) -> None:
+    """A few held-out prompts with the target's answers, to read what it writes."""
+    with open(src) as f:
+        dst.write_text("".join(line for _, line in zip(range(n), f)))
+
+
+def _copy_log_tails(paths: stages.Paths, out: Path) -> None:
+    logs = paths.work / "logs"
+    for path in sorted(logs.glob("*.log")) if logs.exists() else []:
+        (out / path.name).write_text(proc.tail(path, 200))
+
+
+def _versions() -> dict:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def _command(scale: Scale, out: Path, work: Path) -> str:
+    return f"python -m bench.quality_real_corpus --scale {scale.name} --out {out} --work {work}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.quality_real_corpus",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="small results: JSON, plot, log tails")
+    p.add_argument("--work", default="/tmp/quality", help="large files: model, data, runs")
+    p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
+    args = p.parse_args(argv)
+    scale = get_scale(args.scale)
+    if scale.device == "cuda" and not torch.cuda.is_available():
+        p.exit(2, f"{p.prog}: error: --scale {scale.name} needs CUDA; use --scale tiny\n")
+    out, work = Path(args.out).resolve(), Path(args.work).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        handlers=[logging.StreamHandler(),
+                                  logging.FileHandler(out / "quality_real_corpus.log", "w")])
+    if work.exists() and any(work.iterdir()) and not (work / _MARKER).exists():
+        p.exit(2, f"{p.prog}: error: --work {work} exists and was not made by this script; "
+                  "give an empty or new directory\n")
+    shutil.rmtree(work, ignore_errors=True)  # a fresh build: regenerate would resume old output
+    work.mkdir(parents=True)
+    (work / _MARKER).write_text("made by bench.quality_real_corpus; deleted on its next run\n")
+    torch.set_float32_matmul_precision("high")
+    result = run(scale, out, work)
+    print(json.dumps({k: result.get(k) for k in (
+        "block_size", "target_params", "target_heldout_loss", "tau_pipeline", "tau_reference",
+        "drafter_train_gpu_minutes", "total_wall_s")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
