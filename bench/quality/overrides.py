@@ -38,16 +38,16 @@ def trainer_overrides(scale: Scale, target_dir: str, train_path: str, heldout_pa
         f"data.max_length={scale.data_max_length}",
         f"data.micro_batch_size={scale.micro_batch_size}",
         # --- train -----------------------------------------------------------------------
-        f"train.epochs={scale.epochs}",
-        f"train.max_steps={scale.max_steps}",
-        "train.grad_accum=1",
-        f"train.lr={scale.drafter_lr}",
-        "train.warmup_ratio=0.04",
-        "train.min_lr_ratio=0.1",
-        f"train.eval_every={scale.eval_every}",  # pipeline.train only; train_single: end
-        f"train.eval_prompts={scale.eval_prompts}",
-        f"train.eval_max_new_tokens={scale.eval_max_new_tokens}",
+        f"train.plan.epochs={scale.epochs}",
+        f"train.plan.max_steps={scale.max_steps}",
+        "train.plan.grad_accum=1",
+        f"train.optim.lr={scale.drafter_lr}",
+        "train.optim.warmup_ratio=0.04",
+        "train.optim.min_lr_ratio=0.1",
+        f"train.eval.every={scale.eval_every}",  # pipeline.train only; train_single: end
+        f"train.eval.prompts={scale.eval_prompts}",
+        f"train.eval.max_new_tokens={scale.eval_max_new_tokens}",
         "train.log_every=50",
-        "train.save_every=0",  # a final checkpoint is still written
+        "train.checkpoint.every=0",  # a final checkpoint is still written
         f"train.out_dir={out_dir}",
     ]

@@ -65,8 +65,8 @@ class Driver:
     def run(self) -> RunSummary:
         c = self.job.cluster
         t_start = time.perf_counter()
-        with ray_session(c.address, (c.targets_per_node + c.drafters_per_node)
-                         * c.cpus_per_actor + 1):
+        # Every actor of every node plus the prefetcher, each cpus_per_actor.
+        with ray_session(c.address, (c.num_targets + c.num_drafters + 1) * c.cpus_per_actor):
             check_cluster(c, self.r.device)
             with ActorGroup(self.job, self.r, self.resume) as actors:
                 self._load_checkpoint(actors)

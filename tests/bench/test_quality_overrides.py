@@ -4,7 +4,7 @@ import pytest
 
 from bench.quality.overrides import trainer_overrides
 from bench.quality.scale import SCALES
-from pipeline.compose import compose_job
+from pipeline.driver.compose import compose_job
 
 
 @pytest.mark.parametrize("name", sorted(SCALES))
@@ -22,8 +22,8 @@ def test_overrides_compose_and_carry_the_scale(name):
     assert d.attention == scale.attention and d.static_shapes
     assert d.target_layer_ids is None and d.num_taps == scale.num_taps  # the default spread
     assert job.data.train_path == "/w/train.jsonl" and job.target.path == "/w/target"
-    assert job.train.max_steps == scale.max_steps and job.train.lr == scale.drafter_lr
-    assert job.train.eval_every == scale.eval_every and job.train.out_dir == "/w/runs/x"
+    assert job.train.plan.max_steps == scale.max_steps and job.train.optim.lr == scale.drafter_lr
+    assert job.train.eval.every == scale.eval_every and job.train.out_dir == "/w/runs/x"
 
 
 def test_gpu_scale_is_block_16_on_cuda():
