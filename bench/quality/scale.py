@@ -38,7 +38,7 @@ class Scale:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     compile_target: bool = True
-    target_train_s: float = 135.0  # wall clock for the training loop, compile included
+    target_train_s: float = 125.0  # wall clock for the training loop, compile included
     heldout_eval_tokens: int = 262_144
 
     # Prompts and their regenerated answers.
@@ -56,12 +56,12 @@ class Scale:
     drafter_lr: float = 1.5e-3
     micro_batch_size: int = 16
     epochs: int = 3
-    max_steps: int = 800
+    max_steps: int = 600
     data_max_length: int = 448  # prompt (<= ~200) + answer (<= 192) + chat markup
     # tau is decoded one prompt at a time (~30 ms a round, estimated): the untrained drafter's
     # eval costs prompts x new tokens rounds, a trained one's about a third of that.
-    eval_every: int = 400
-    eval_prompts: int = 24
+    eval_every: int = 300
+    eval_prompts: int = 16
     eval_max_new_tokens: int = 48
     cluster_device: str = "cuda"
     # Ray CPUs per actor (one_gpu's 4 on the 16-core GPU machine). The driver starts Ray with
@@ -76,7 +76,7 @@ class Scale:
     corpus_budget_s: float = 60.0  # not enforced: sized by tokenizer_sample_chars
     target_extra_s: float = 40.0  # held-out loss and save_pretrained, after training
     regen_budget_s: float = 90.0
-    train_budget_s: float = 240.0  # each trainer; both run at the same time
+    train_budget_s: float = 230.0  # each trainer; both run at the same time
     concurrent_trainers: bool = True
 
     def budgets(self) -> dict[str, float]:
