@@ -12,12 +12,11 @@ import json
 import logging
 from pathlib import Path
 
-import torch
-
 from pipeline.driver import checkpoint as ckpt
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
+from pipeline.training.state_io import load_state
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> P
         checkpoint = found
     state = json.loads((checkpoint / "state.json").read_text())
     spec = DrafterSpec.from_hf_config(state["drafter_config"])
-    weights = torch.load(checkpoint / "drafter.pt", map_location="cpu", weights_only=False)
+    weights = load_state(checkpoint / "drafter.pt")  # runs no code from the file
     model = DFlashDrafter(spec)
     model.load_state_dict(weights["model"])
     return save_drafter(model, out, dtype)
