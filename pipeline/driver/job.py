@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 from ray.exceptions import RayError
@@ -74,7 +74,9 @@ class Driver:
                        job.train.checkpoint.allow_data_change)
             self.resume = ckpt.read_point(self.resume_from)
         self.last_checkpoint = self.resume_from  # where a restart after a lost actor resumes
-        self.actors: Optional[ActorGroup] = None  # while running (tests kill its actors)
+        self.actors: Optional[ActorGroup] = None  # while running
+        # Called with the steps done after each step (monitoring; fault-injection tests).
+        self.step_listeners: list[Callable[[int], None]] = []
         self._loop: Optional[StepLoop] = None
         self._nonfinite_in_row = 0
         self._heldout: Optional[list[list[int]]] = None
@@ -212,6 +214,8 @@ class Driver:
                                              job_plan.samples_planned(report.epoch))
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
+            for listener in self.step_listeners:
+                listener(report.step + 1)
             if self._nonfinite_in_row >= self.job.train.recovery.max_nonfinite_in_row:
                 raise NonFiniteError(
                     f"{self._nonfinite_in_row} steps in a row (up to step {report.step + 1}) "

@@ -1,0 +1,97 @@
+"""A lost actor costs a restart, not the job: kill each kind of actor mid-run, by ray.kill or
+SIGKILL of its process; the driver restarts the set from the last checkpoint and every sample
+is still trained exactly once per epoch."""
+
+import json
+import logging
+import os
+import signal
+
+import pytest
+import ray
+
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
+
+# 24 samples, 2 per micro-batch, 2 drafters: 6 steps per epoch; 2 epochs; a save every 2 steps.
+BASE = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "train.export_dtype=float32",
+        "data.micro_batch_size=2", "train.optim.lr=2e-3", "train.plan.epochs=2",
+        "train.checkpoint.every=2", "train.log_every=100"]
+
+
+def _kill_at(driver, step, kind, how):
+    """A step listener that kills an actor of ``kind`` once ``step`` steps are done."""
+    state = {}
+
+    def listener(done):
+        if done != step or state:
+            return
+        actors = driver.actors
+        handle = {"drafter": actors.drafters[-1], "target": actors.targets[0],
+                  "prefetcher": actors.prefetcher}[kind]
+        state["killed"] = True
+        if how == "ray.kill":
+            ray.kill(handle)
+        else:
+            pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+            os.kill(pid, signal.SIGKILL)
+    return listener
+
+
+def _train_rows(out_dir):
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "train/loss" in r]
+
+
+# Early enough that the actor still has work pending (the prefetcher runs 3 steps ahead).
+KILLS = [(2, "prefetcher", "SIGKILL"), (5, "drafter", "SIGKILL"), (8, "target", "ray.kill")]
+
+
+def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
+        ray_cluster, small_train_file, tmp_path, caplog):
+    out = tmp_path / "run"
+    driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
+                                        f"train.out_dir={out}", "train.recovery.max_restarts=3"]))
+    for step, kind, how in KILLS:
+        driver.step_listeners.append(_kill_at(driver, step, kind, how))
+    with caplog.at_level(logging.INFO):
+        summary = driver.run()
+
+    assert [r.actor.split()[0] for r in summary.restarts] == [kind for _, kind, _ in KILLS]
+    for (step, kind, how), rec in zip(KILLS, summary.restarts):
+        # Resumed from the newest complete checkpoint: at least the one before the kill.
+        assert rec.resumed_step >= 2 * ((step - 1) // 2) and rec.resumed_step < 12
+        if rec.resumed_step:
+            assert rec.checkpoint.endswith(f"step_{rec.resumed_step:08d}")
+        assert rec.detected_at <= rec.restarted_at <= rec.training_at
+        assert f"lost {rec.actor}" in caplog.text
+        assert f"resuming from step {rec.resumed_step}" in caplog.text
+        logging.getLogger(__name__).warning(
+            "%s killed by %s after step %d: restarted in %.1fs, training again %.1fs after "
+            "the loss was seen, resumed from step %d", kind, how, step,
+            rec.restarted_at - rec.detected_at, rec.training_at - rec.detected_at,
+            rec.resumed_step)
+    # Both epochs complete, each sample trained exactly once in each, and the line says so.
+    assert summary.end_step == 12 and len(summary.losses) == 12
+    assert [a.epoch for a in summary.accounts] == [0, 1]
+    for account in summary.accounts:
+        assert account.exact and account.trained == 24
+    assert summary.accounts[-1].restarts == 3 and "trained again" in caplog.text
+    assert summary.checksums_agree
+    # The metrics hold every step; the last row of each step is the one that counts.
+    assert sorted({r["step"] for r in _train_rows(out)}) == list(range(1, 13))
+    assert ckpt.latest(out).name == "step_00000012"
+    assert (out / "export" / "model.safetensors").exists()
+
+
+def test_a_lost_actor_ends_the_job_when_no_restart_is_left(ray_cluster, small_train_file,
+                                                           tmp_path, caplog):
+    driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
+                                        f"train.out_dir={tmp_path / 'run'}",
+                                        "train.recovery.max_restarts=0",
+                                        "train.plan.epochs=1"]))
+    driver.step_listeners.append(_kill_at(driver, 2, "drafter", "ray.kill"))
+    with pytest.raises(ray.exceptions.RayError):
+        driver.run()
+    assert "no restart left (train.recovery.max_restarts=0)" in caplog.text
