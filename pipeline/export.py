@@ -29,9 +29,12 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> P
             raise ValueError(f"--checkpoint {checkpoint}: neither a checkpoint folder nor an "
                              "out_dir with checkpoints/step_*")
         checkpoint = found
+    why = ckpt.problem(checkpoint)
+    if why is not None:
+        raise ValueError(f"--checkpoint {checkpoint}: not a usable checkpoint: {why}")
+    weights = load_state(checkpoint / "drafter.pt")  # runs no code from the file
     state = json.loads((checkpoint / "state.json").read_text())
     spec = DrafterSpec.from_hf_config(state["drafter_config"])
-    weights = load_state(checkpoint / "drafter.pt")  # runs no code from the file
     model = DFlashDrafter(spec)
     model.load_state_dict(weights["model"])
     return save_drafter(model, out, dtype)
