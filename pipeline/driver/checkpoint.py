@@ -87,7 +87,10 @@ def prune(root: Path, keep_last: int) -> list[Path]:
         return []
     old = _step_folders(root)[:-keep_last]
     for path in old:
-        shutil.rmtree(path)
+        # Renamed first: a crash mid-delete leaves a hidden folder, never a torn step_N.
+        doomed = root / f".{path.name}.old-{os.getpid()}"
+        os.rename(path, doomed)
+        shutil.rmtree(doomed)
     return old
 
 

@@ -32,8 +32,8 @@ class Recovery:
     training_at: float = 0.0      # the first step after the restart completed
 
     def line(self) -> str:
-        return (f"lost {self.actor} at {time.strftime('%H:%M:%S', time.localtime(self.detected_at))}; "
-                f"resuming from step {self.resumed_step} "
+        when = time.strftime("%H:%M:%S", time.localtime(self.detected_at))
+        return (f"lost {self.actor} at {when}; resuming from step {self.resumed_step} "
                 f"({self.checkpoint or 'no checkpoint yet: from the start'})")
 
 

@@ -167,3 +167,41 @@ def test_max_steps_below_the_steps_done_trains_nothing(small_train_file, tmp_pat
     assert summary.steps == 0 and summary.first_step == 4 and not summary.losses
     assert "nothing to train" in caplog.text
     assert not (out / "metrics.jsonl").exists()
+
+
+_WRITER = """
+import sys, torch
+from pipeline.driver import checkpoint as ckpt
+from pipeline.training.plan import ResumePoint
+from pipeline.training.state_io import save_state
+out = sys.argv[1]
+for step in range(1, 10_000):
+    staging = ckpt.staging_dir(out, step)
+    record = save_state({"steps_done": step, "w": torch.randn(1 << 19)}, staging / "drafter.pt")
+    ckpt.finalize(staging, ResumePoint(step, 0, step), [record], {}, keep_last=2)
+"""
+
+
+def test_a_writer_killed_at_any_moment_leaves_usable_checkpoints(tmp_path):
+    """SIGKILL a process that writes checkpoints back to back (2 MB each, keep_last=2)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (ckpt.checkpoint_root(tmp_path) / "step_00000004").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.137)  # somewhere inside a later write; any moment must be safe
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    steps = [p for p in ckpt.checkpoint_root(tmp_path).iterdir() if p.name.startswith("step_")]
+    assert steps and all(ckpt.problem(p) is None for p in steps)
+    newest = ckpt.latest(tmp_path)
+    assert newest == max(steps) and ckpt.read_point(newest).step >= 4
+    ckpt.clean_stale(tmp_path)
+    assert sorted(ckpt.checkpoint_root(tmp_path).iterdir()) == sorted(steps)
