@@ -150,6 +150,7 @@ class Driver:
             try:
                 return self._train(actors, plan, accounting, metrics, summary)
             except RayError as exc:
+                seen = time.time()
                 pending = self._loop.pending if self._loop is not None else {}
                 name = lost_actor(exc, pending, actors.names())
                 limit = self.job.train.recovery.max_restarts
@@ -159,14 +160,15 @@ class Driver:
                     log.error("lost %s with no restart left (train.recovery.max_restarts=%d)",
                               name, limit)
                     raise
-                self._restart(actors, name, accounting, metrics, summary)
+                self._restart(actors, Recovery(name, seen, 0, None), accounting, metrics,
+                              summary)
 
-    def _restart(self, actors: ActorGroup, name: str, accounting: SampleAccounting,
+    def _restart(self, actors: ActorGroup, recovery: Recovery, accounting: SampleAccounting,
                  metrics: MetricsLogger, summary: RunSummary) -> None:
         path = self.last_checkpoint
         point = ckpt.read_point(path) if path is not None else None
         step = point.step if point is not None else 0
-        recovery = Recovery(name, time.time(), step, str(path) if path else None)
+        recovery.resumed_step, recovery.checkpoint = step, str(path) if path else None
         summary.restarts.append(recovery)
         log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
                   self.job.train.recovery.max_restarts)

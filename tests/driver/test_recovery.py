@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import time
 
 import pytest
 import ray
@@ -30,12 +31,13 @@ def _kill_at(driver, step, kind, how):
         actors = driver.actors
         handle = {"drafter": actors.drafters[-1], "target": actors.targets[0],
                   "prefetcher": actors.prefetcher}[kind]
-        state["killed"] = True
         if how == "ray.kill":
             ray.kill(handle)
         else:
             pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
             os.kill(pid, signal.SIGKILL)
+        state["killed_at"] = time.time()
+    listener.state = state
     return listener
 
 
@@ -55,23 +57,25 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
                                         f"train.out_dir={out}", "train.recovery.max_restarts=3"]))
     for step, kind, how in KILLS:
         driver.step_listeners.append(_kill_at(driver, step, kind, how))
+    killers = list(driver.step_listeners)
     with caplog.at_level(logging.INFO):
         summary = driver.run()
 
     assert [r.actor.split()[0] for r in summary.restarts] == [kind for _, kind, _ in KILLS]
-    for (step, kind, how), rec in zip(KILLS, summary.restarts):
+    for (step, kind, how), rec, killer in zip(KILLS, summary.restarts, killers):
+        killed_at = killer.state["killed_at"]
         # Resumed from the newest complete checkpoint: at least the one before the kill.
         assert rec.resumed_step >= 2 * ((step - 1) // 2) and rec.resumed_step < 12
         if rec.resumed_step:
             assert rec.checkpoint.endswith(f"step_{rec.resumed_step:08d}")
-        assert rec.detected_at <= rec.restarted_at <= rec.training_at
+        assert killed_at <= rec.detected_at <= rec.restarted_at <= rec.training_at
         assert f"lost {rec.actor}" in caplog.text
         assert f"resuming from step {rec.resumed_step}" in caplog.text
         logging.getLogger(__name__).warning(
-            "%s killed by %s after step %d: restarted in %.1fs, training again %.1fs after "
-            "the loss was seen, resumed from step %d", kind, how, step,
-            rec.restarted_at - rec.detected_at, rec.training_at - rec.detected_at,
-            rec.resumed_step)
+            "%s killed by %s after step %d: seen after %.1fs, actors up again after %.1fs, "
+            "training again after %.1fs (from the kill), resumed from step %d", kind, how, step,
+            rec.detected_at - killed_at, rec.restarted_at - killed_at,
+            rec.training_at - killed_at, rec.resumed_step)
     # Both epochs complete, each sample trained exactly once in each, and the line says so.
     assert summary.end_step == 12 and len(summary.losses) == 12
     assert [a.epoch for a in summary.accounts] == [0, 1]
