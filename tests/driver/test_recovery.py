@@ -54,7 +54,8 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
         ray_cluster, small_train_file, tmp_path, caplog):
     out = tmp_path / "run"
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
-                                        f"train.out_dir={out}", "train.recovery.max_restarts=3"]))
+                                        f"train.out_dir={out}", "train.recovery.max_restarts=3",
+                                        "train.checkpoint.keep_last=2"]))
     for step, kind, how in KILLS:
         driver.step_listeners.append(_kill_at(driver, step, kind, how))
     killers = list(driver.step_listeners)
@@ -86,6 +87,8 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
     # The metrics hold every step; the last row of each step is the one that counts.
     assert sorted({r["step"] for r in _train_rows(out)}) == list(range(1, 13))
     assert ckpt.latest(out).name == "step_00000012"
+    assert sorted(p.name for p in ckpt.checkpoint_root(out).iterdir()) == [
+        "step_00000010", "step_00000012"]  # keep_last=2, and no staging folder left
     assert (out / "export" / "model.safetensors").exists()
 
 
