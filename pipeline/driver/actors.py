@@ -92,8 +92,7 @@ class ActorGroup:
             kill_actors(self.drafters)
         for handles in [self.targets] if after_failure else [self.drafters, self.targets]:
             self._close_each(handles, timeout_s=10.0 if after_failure else 60.0)
-        kill_actors([h for h in (self.prefetcher, *self.targets, *self.drafters)
-                     if h is not None])
+        kill_actors(self.handles())
         remove_groups(self.groups)
         self._clear()
 
@@ -123,6 +122,9 @@ class ActorGroup:
         if stuck:
             log.warning("%d actor(s) did not close within %.0fs; killing them", len(stuck),
                         timeout_s)
+
+    def handles(self) -> list[Any]:
+        return [h for h in (self.prefetcher, *self.targets, *self.drafters) if h is not None]
 
     def names(self) -> dict[str, str]:
         """Actor id (hex) -> a name for the log: "drafter 1 (node 0)"."""

@@ -152,7 +152,7 @@ class Driver:
             except RayError as exc:
                 seen = time.time()
                 pending = self._loop.pending if self._loop is not None else {}
-                name = lost_actor(exc, pending, actors.names())
+                name = lost_actor(exc, pending, actors.names(), actors.handles())
                 limit = self.job.train.recovery.max_restarts
                 if name is None:
                     raise

@@ -42,13 +42,17 @@ class NonFiniteError(RuntimeError):
 
 
 def lost_actor(error: BaseException, pending: Iterable[Any], names: dict[str, str],
-               grace_s: float = 10.0) -> Optional[str]:
-    """The name of the actor that died, if ``error`` or a pending ref says one did."""
+               actors: Iterable[Any] = (), grace_s: float = 10.0) -> Optional[str]:
+    """The name of the actor that died, if ``error``, a pending ref or a probe says one did.
+
+    The dead actor may have had nothing pending, so every actor in ``actors`` is also probed
+    with a no-op call; a dead one fails it at once.
+    """
     if isinstance(error, RayActorError):
         return _name(error, names)
     if not isinstance(error, RayError):
         return None
-    waiting = list(pending)
+    waiting = list(pending) + [a.__ray_ready__.remote() for a in actors]
     deadline = time.monotonic() + grace_s
     while waiting and time.monotonic() < deadline:
         done, waiting = ray.wait(waiting, num_returns=1, timeout=deadline - time.monotonic())

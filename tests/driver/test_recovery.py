@@ -102,3 +102,30 @@ def test_a_lost_actor_ends_the_job_when_no_restart_is_left(ray_cluster, small_tr
     with pytest.raises(ray.exceptions.RayError):
         driver.run()
     assert "no restart left (train.recovery.max_restarts=0)" in caplog.text
+
+
+class _Peer:
+    def fail(self) -> None:
+        raise RuntimeError("peer closed the connection")  # as gloo says when a peer died
+
+    def ping(self) -> int:
+        return 1
+
+
+def test_a_peer_error_is_traced_to_the_dead_actor_even_with_nothing_pending(ray_session):
+    """A survivor's task error comes first; the dead actor has no call pending: the probe
+    finds it. A task error with every actor alive is a bug, not a loss."""
+    from pipeline.driver.recovery import lost_actor
+
+    alive, dead = ray.remote(_Peer).remote(), ray.remote(_Peer).remote()
+    names = {alive._actor_id.hex(): "drafter 0", dead._actor_id.hex(): "drafter 1"}
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as err:
+            ray.get(alive.fail.remote())
+        assert lost_actor(err.value, [], names, [alive, dead], grace_s=20) is None
+        ray.get(dead.ping.remote())
+        ray.kill(dead)
+        assert lost_actor(err.value, [], names, [alive, dead], grace_s=20) == "drafter 1"
+        assert lost_actor(ValueError("a bug"), [], names, [alive, dead]) is None
+    finally:
+        ray.kill(alive)
