@@ -79,6 +79,8 @@ class Driver:
         self.step_listeners: list[Callable[[int], None]] = []
         self._loop: Optional[StepLoop] = None
         self._nonfinite_in_row = 0
+        self._steps_reported = 0
+        self._unreported: list[tuple[int, Callable[[], None]]] = []
         self._heldout: Optional[list[list[int]]] = None
 
     def run(self) -> RunSummary:
@@ -194,6 +196,8 @@ class Driver:
         progress = Progress(plan.first_step, stop, self.job.train.log_every)
         trace = TraceRecorder(self.job.logger.trace_start, self.job.logger.trace_steps)
         recovery = summary.restarts[-1] if summary.restarts else None
+        self._steps_reported = plan.first_step
+        self._unreported: list[tuple[int, Callable[[], None]]] = []  # saves done, step not yet
 
         def on_step(report: StepReport) -> None:
             if recovery is not None and not recovery.training_at:
@@ -216,6 +220,8 @@ class Driver:
                                              job_plan.samples_planned(report.epoch))
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
+            self._steps_reported = report.step + 1
+            self._finalize_reported()
             for listener in self.step_listeners:
                 listener(report.step + 1)
             if self._nonfinite_in_row >= self.job.train.recovery.max_nonfinite_in_row:
@@ -289,8 +295,18 @@ class Driver:
         point = cursor.after(step)
 
         def done(saved: SavedState) -> None:
-            self._finalize(staging, point, saved, summary)
+            # Renamed into place only once its step is reported: a restart resumes from the
+            # newest checkpoint, and the accounting must already hold every step it covers.
+            self._unreported.append((point.step, lambda: self._finalize(staging, point, saved,
+                                                                        summary)))
+            self._finalize_reported()
         return AfterStepCall(ref, done)
+
+    def _finalize_reported(self) -> None:
+        ready = [(s, f) for s, f in self._unreported if s <= self._steps_reported]
+        self._unreported = [(s, f) for s, f in self._unreported if s > self._steps_reported]
+        for _, finalize in ready:
+            finalize()
 
     def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
                         step: int) -> AfterStepCall:
