@@ -77,11 +77,37 @@ class CheckpointConfig:
 
     # Save every N steps (0: only at the end).
     every: int = 0
-    # null: start fresh; "auto": the latest checkpoint under out_dir; or a checkpoint path.
+    # null: start fresh; "auto": the latest complete checkpoint under out_dir (an incomplete
+    # or corrupt one is skipped with a warning); or a checkpoint path.
     resume: Optional[str] = None
+    # Keep only the newest N step folders (0: keep all). Older ones go only after the new
+    # one is in place.
+    keep_last: int = 0
+    # Resume even though the training data's fingerprint differs from the checkpoint's
+    # (the data cursor then points into other data: samples may be repeated or missed).
+    allow_data_change: bool = False
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "train.checkpoint.every", self.every, ">= 0 (0: at the end)")
+        require(self.keep_last >= 0, "train.checkpoint.keep_last", self.keep_last,
+                ">= 0 (0: keep all)")
+
+
+@dataclass
+class RecoveryConfig:
+    """``train.recovery``: what the driver does when an actor dies or the loss blows up."""
+
+    # Restarts of the actor set (from the last checkpoint) after a lost actor, per job.
+    max_restarts: int = 2
+    # Non-finite steps in a row (loss or gradient NaN/inf; each one skipped on every rank)
+    # after which the job saves its last good state and stops.
+    max_nonfinite_in_row: int = 3
+
+    def __post_init__(self) -> None:
+        require(self.max_restarts >= 0, "train.recovery.max_restarts", self.max_restarts,
+                ">= 0 (0: a lost actor ends the job)")
+        require(self.max_nonfinite_in_row >= 1, "train.recovery.max_nonfinite_in_row",
+                self.max_nonfinite_in_row, ">= 1")
 
 
 @dataclass
@@ -92,6 +118,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     seed: int = 0
     # auto: bf16 autocast on CUDA, fp32 on CPU. Master weights are always fp32.
     precision: str = "auto"  # one of "auto", "fp32", "bf16"
@@ -117,6 +144,8 @@ MOVED_KEYS = {
     "train.eval_max_new_tokens": "train.eval.max_new_tokens",
     "train.save_every": "train.checkpoint.every",
     "train.resume": "train.checkpoint.resume",
+    "train.keep_last": "train.checkpoint.keep_last",
+    "train.max_restarts": "train.recovery.max_restarts",
 }
 
 

@@ -12,12 +12,11 @@ import json
 import logging
 from pathlib import Path
 
-import torch
-
 from pipeline.driver import checkpoint as ckpt
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
+from pipeline.training.state_io import load_state
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +29,12 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> P
             raise ValueError(f"--checkpoint {checkpoint}: neither a checkpoint folder nor an "
                              "out_dir with checkpoints/step_*")
         checkpoint = found
+    why = ckpt.problem(checkpoint)
+    if why is not None:
+        raise ValueError(f"--checkpoint {checkpoint}: not a usable checkpoint: {why}")
+    weights = load_state(checkpoint / "drafter.pt")  # runs no code from the file
     state = json.loads((checkpoint / "state.json").read_text())
     spec = DrafterSpec.from_hf_config(state["drafter_config"])
-    weights = torch.load(checkpoint / "drafter.pt", map_location="cpu", weights_only=False)
     model = DFlashDrafter(spec)
     model.load_state_dict(weights["model"])
     return save_drafter(model, out, dtype)

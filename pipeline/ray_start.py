@@ -45,8 +45,8 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
     if address:
         ray.init(address=address)
     else:
-        # "local": a private cluster even when a `ray start` head runs on this machine, which
-        # a bare ray.init() would join (and then refuse num_cpus).
+        # "local": a cluster of our own. Without it ray.init() joins any Ray it finds running
+        # on the machine (another user's, another test's).
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
                  include_dashboard=False)
     return True

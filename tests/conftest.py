@@ -56,7 +56,8 @@ def ray_cluster():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+        # address="local": our own cluster, never another one found running on the machine.
+        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
     yield
     if started:
         ray.shutdown()

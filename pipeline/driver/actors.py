@@ -80,25 +80,25 @@ class ActorGroup:
                                   if n == self.drafter_node[i]])
                  for i, d in enumerate(self.drafters)])
 
-    def close(self) -> None:
+    def close(self, after_failure: bool = False) -> None:
         """Close rings (readers first), kill the actors, free the placement groups.
 
         Closing before killing matters on CPU: a killed owner leaves its /dev/shm segment
-        behind. Safe to call on a group that is partly started, or already closed.
+        behind. Safe to call on a group that is partly started, or already closed. After a
+        lost actor the surviving drafters may sit in a collective that never completes, so
+        they are killed at once (readers need no close); the targets still close their rings.
         """
-        for handles in (self.drafters, self.targets):
-            try:
-                ray.get([h.close.remote() for h in handles], timeout=60)
-            except Exception as exc:  # a crashed actor must not hide the original error
-                log.warning("closing actors failed: %s", exc)
-        kill_actors([h for h in (self.prefetcher, *self.targets, *self.drafters)
-                     if h is not None])
+        if after_failure:
+            kill_actors(self.drafters)
+        for handles in [self.targets] if after_failure else [self.drafters, self.targets]:
+            self._close_each(handles, timeout_s=10.0 if after_failure else 60.0)
+        kill_actors(self.handles())
         remove_groups(self.groups)
         self._clear()
 
-    def restart(self, resume: Optional[ResumePoint]) -> PlanSummary:
+    def restart(self, resume: Optional[ResumePoint], after_failure: bool = False) -> PlanSummary:
         """The whole set again, planning from ``resume``; load its checkpoint after this."""
-        self.close()
+        self.close(after_failure)
         self.resume = resume
         try:
             plan = self.start()
@@ -107,6 +107,36 @@ class ActorGroup:
             self.close()
             raise
         return plan
+
+    @staticmethod
+    def _close_each(handles: list[Any], timeout_s: float) -> None:
+        refs = [h.close.remote() for h in handles]
+        if not refs:
+            return
+        ready, stuck = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # a crashed actor must not hide the original error
+                log.warning("closing an actor failed: %s", exc)
+        if stuck:
+            log.warning("%d actor(s) did not close within %.0fs; killing them", len(stuck),
+                        timeout_s)
+
+    def handles(self) -> list[Any]:
+        return [h for h in (self.prefetcher, *self.targets, *self.drafters) if h is not None]
+
+    def names(self) -> dict[str, str]:
+        """Actor id (hex) -> a name for the log: "drafter 1 (node 0)"."""
+        named = {"prefetcher": [self.prefetcher] if self.prefetcher is not None else []}
+        named.update(target=self.targets, drafter=self.drafters)
+        nodes = {"target": self.target_node, "drafter": self.drafter_node}
+        out = {}
+        for kind, handles in named.items():
+            for i, h in enumerate(handles):
+                where = f" (node {nodes[kind][i]})" if kind in nodes else ""
+                out[h._actor_id.hex()] = f"{kind} {i}{where}" if kind in nodes else kind
+        return out
 
     # -- what the driver uses ---------------------------------------------------------------
     def load_checkpoint(self, folder: str) -> int:

@@ -1,25 +1,39 @@
-"""Training checkpoints: atomic folders that hold everything an exact resume needs.
+"""Training checkpoints: durable folders that hold everything an exact resume needs.
 
 A checkpoint is ``<out_dir>/checkpoints/step_<N>/`` with ``drafter.pt`` (fp32 weights,
 optimizer and scheduler state, RNG states; written by drafter rank 0, replicas being
-identical) and ``state.json`` (steps done, the data cursor as (epoch, samples done in it)).
-It is written under a temporary name and renamed once complete, so a crash never leaves a
-half checkpoint that ``train.checkpoint.resume=auto`` could pick. With several nodes the
-out_dir must be on a filesystem that drafter rank 0 and the driver share.
+identical) and ``state.json`` (steps done, the data cursor as (epoch, samples done in it),
+drafter.pt's size and sha256, the training data's fingerprint).
+
+Writing: drafter rank 0 writes and fsyncs drafter.pt in a staging folder (``.step_<N>.tmp-*``);
+the driver writes state.json, fsyncs it and the folder, renames the folder into place and
+fsyncs the parent. An older folder of the same name is moved aside first and deleted only
+after the rename, and ``keep_last`` prunes only after the new folder is in place, so a crash
+at any point leaves the previous checkpoint whole. Staging folders a crash left behind are
+removed when the next job starts. With several nodes the out_dir must be on a filesystem
+that drafter rank 0 and the driver share.
+
+Reading: ``resume=auto`` takes the newest folder that checks out (state.json readable and
+complete, drafter.pt of the recorded size and digest) and warns about each newer one it skips.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from pipeline.training.plan import ResumePoint
+from pipeline.training.state_io import FileRecord, fsync_dir, fsync_file, sha256_file
+
+log = logging.getLogger(__name__)
 
 _PREFIX = "step_"
+_STATE_KEYS = ("step", "epoch", "samples_done", "files")
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -34,41 +48,107 @@ def staging_dir(out_dir: str | Path, step: int) -> Path:
     return path
 
 
-def finalize(staging: Path, point: ResumePoint, extra: dict) -> Path:
-    """Write state.json into the staged folder and rename it into place (atomic)."""
-    (staging / "state.json").write_text(json.dumps({**asdict(point), **extra}, indent=2))
-    final = staging.parent / f"{_PREFIX}{point.step:08d}"
-    if final.exists():
-        shutil.rmtree(final)
+def clean_stale(out_dir: str | Path) -> list[Path]:
+    """Remove staging and moved-aside folders that an interrupted job left behind."""
+    root = checkpoint_root(out_dir)
+    stale = sorted(p for p in root.iterdir() if p.name.startswith(f".{_PREFIX}")) \
+        if root.is_dir() else []
+    for path in stale:
+        log.warning("removing %s: left by an interrupted checkpoint write", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def finalize(staging: Path, point: ResumePoint, files: list[FileRecord], extra: dict[str, Any],
+             keep_last: int = 0) -> Path:
+    """Write state.json, make the staged folder durable and rename it into place."""
+    state = {**asdict(point), "files": [asdict(f) for f in files], **extra}
+    (staging / "state.json").write_text(json.dumps(state, indent=2))
+    for path in staging.iterdir():
+        fsync_file(path)
+    fsync_dir(staging)
+    root = staging.parent
+    final = root / f"{_PREFIX}{point.step:08d}"
+    aside = None
+    if final.exists():  # a rerun of the same step: keep the old one until the new one is in
+        aside = root / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, aside)
     os.rename(staging, final)
+    fsync_dir(root)
+    if aside is not None:
+        shutil.rmtree(aside)
+    prune(root, keep_last)
     return final
 
 
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` step folders (0 keeps all)."""
+    if keep_last <= 0:
+        return []
+    old = _step_folders(root)[:-keep_last]
+    for path in old:
+        # Renamed first: a crash mid-delete leaves a hidden folder, never a torn step_N.
+        doomed = root / f".{path.name}.old-{os.getpid()}"
+        os.rename(path, doomed)
+        shutil.rmtree(doomed)
+    return old
+
+
+def problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a usable checkpoint, or None when it checks out."""
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"state.json unreadable ({exc})"
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        return f"state.json lacks {missing}"
+    for f in state["files"]:
+        file = path / f["name"]
+        if not file.is_file():
+            return f"{f['name']} is missing"
+        if file.stat().st_size != f["size"]:
+            return f"{f['name']} has {file.stat().st_size} bytes, {f['size']} were written"
+        if sha256_file(file) != f["sha256"]:
+            return f"{f['name']} does not match its recorded sha256"
+    return None
+
+
 def latest(out_dir: str | Path) -> Optional[Path]:
-    """The newest complete checkpoint under out_dir, if any."""
-    root = checkpoint_root(out_dir)
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.iterdir()
-                  if p.name.startswith(_PREFIX) and (p / "state.json").exists())
-    return done[-1] if done else None
+    """The newest usable checkpoint under out_dir; each newer unusable one is skipped, warned."""
+    for path in reversed(_step_folders(checkpoint_root(out_dir))):
+        why = problem(path)
+        if why is None:
+            return path
+        log.warning("skipping checkpoint %s: %s; trying the previous one", path, why)
+    return None
 
 
 def resolve_resume(resume: Optional[str], out_dir: str | Path) -> Optional[Path]:
-    """train.resume: null (fresh), "auto" (latest under out_dir, else fresh), or a path."""
+    """train.checkpoint.resume: null (fresh), "auto" (latest usable, else fresh), or a path."""
     if resume is None:
         return None
     if resume == "auto":
         return latest(out_dir)
     path = Path(resume)
-    if not (path / "state.json").exists() or not (path / "drafter.pt").exists():
-        raise ValueError(f"train.checkpoint.resume={resume!r} is not a checkpoint folder "
-                         "(state.json and drafter.pt expected); allowed: null, auto, or such "
-                         "a folder")
+    why = problem(path) if path.is_dir() else "not a folder"
+    if why is not None:
+        raise ValueError(f"train.checkpoint.resume={resume!r} is not a usable checkpoint "
+                         f"folder: {why}; allowed: null, auto, or a step_* folder")
     return path
 
 
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / "state.json").read_text())
+
+
 def read_point(path: Path) -> ResumePoint:
-    state = json.loads((path / "state.json").read_text())
+    state = read_state(path)
     return ResumePoint(step=state["step"], epoch=state["epoch"],
                        samples_done=state["samples_done"])
+
+
+def _step_folders(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))

@@ -6,23 +6,29 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
+from ray.exceptions import RayError
 
 from pipeline.config import JobConfig
 from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.accounting import EpochAccount, SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.cursor import Cursor
+from pipeline.driver.fingerprint import KEY as FINGERPRINT_KEY
+from pipeline.driver.fingerprint import check_data, data_fingerprint
 from pipeline.driver.launcher import check_cluster
 from pipeline.driver.progress import Progress
+from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.report import step_metrics
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
+from pipeline.training.plan import ResumePoint
+from pipeline.workers.messages import SavedState
 from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
 
@@ -44,6 +50,8 @@ class RunSummary:
     on_main_thread: bool = True
     checksums_agree: bool = True
     graph_warned: bool = False
+    restarts: list[Recovery] = field(default_factory=list)
+    skipped_steps: set[int] = field(default_factory=set)  # steps whose update was not finite
 
     @property
     def steps(self) -> int:
@@ -58,69 +66,170 @@ class Driver:
         check_wandb(job.logger)
         self.r = resolve_job(job)
         self.out_dir = Path(job.train.out_dir)
+        self.fingerprint = data_fingerprint(self.r.train_path)
         self.resume_from = ckpt.resolve_resume(job.train.checkpoint.resume, self.out_dir)
-        self.resume = ckpt.read_point(self.resume_from) if self.resume_from else None
+        self.resume: Optional[ResumePoint] = None
+        if self.resume_from is not None:
+            check_data(ckpt.read_state(self.resume_from), self.fingerprint, self.resume_from,
+                       job.train.checkpoint.allow_data_change)
+            self.resume = ckpt.read_point(self.resume_from)
+        self.last_checkpoint = self.resume_from  # where a restart after a lost actor resumes
+        self.actors: Optional[ActorGroup] = None  # while running
+        # Called with the steps done after each step (monitoring; fault-injection tests).
+        self.step_listeners: list[Callable[[int], None]] = []
+        self._loop: Optional[StepLoop] = None
+        self._nonfinite_in_row = 0
+        self._steps_reported = 0
+        self._unreported: list[tuple[int, Callable[[], None]]] = []
         self._heldout: Optional[list[list[int]]] = None
 
     def run(self) -> RunSummary:
         c = self.job.cluster
         t_start = time.perf_counter()
+        idle = self._nothing_to_do()
+        if idle is not None:
+            return idle
         # Every actor of every node plus the prefetcher, each cpus_per_actor.
         with ray_session(c.address, (c.num_targets + c.num_drafters + 1) * c.cpus_per_actor):
             check_cluster(c, self.r.device)
+            ckpt.clean_stale(self.out_dir)
             with ActorGroup(self.job, self.r, self.resume) as actors:
-                self._load_checkpoint(actors)
+                self.actors = actors
+                self._load_checkpoint(actors, self.resume_from, self.resume)
                 return self._run(actors, t_start)
 
-    def _load_checkpoint(self, actors: ActorGroup) -> None:
-        if self.resume_from is None:
+    def _nothing_to_do(self) -> Optional[RunSummary]:
+        """A resume whose checkpoint already holds the steps asked for trains nothing."""
+        plan = self.job.train.plan
+        limits = [n for n in (plan.max_steps, plan.stop_at_step) if n is not None]
+        if self.resume is None or not limits or self.resume.step < min(limits):
+            return None
+        log.warning("nothing to train: checkpoint %s holds %d steps, and train.plan.max_steps="
+                    "%s, train.plan.stop_at_step=%s", self.resume_from, self.resume.step,
+                    plan.max_steps, plan.stop_at_step)
+        return RunSummary(self.resume.step, self.resume.step, 0)
+
+    def _load_checkpoint(self, actors: ActorGroup, path: Optional[Path],
+                         point: Optional[ResumePoint]) -> None:
+        if path is None:
             return
-        step = actors.load_checkpoint(str(self.resume_from))
-        assert step == self.resume.step, f"checkpoint step mismatch: {step} != {self.resume}"
-        log.info("resumed from %s at step %d", self.resume_from, step)
+        step = actors.load_checkpoint(str(path))
+        assert point is not None and step == point.step, \
+            f"checkpoint step mismatch: {step} != {point}"
+        log.info("resumed from %s at step %d", path, step)
 
     def _run(self, actors: ActorGroup, t_start: float) -> RunSummary:
         job, plan = self.job, actors.plan
         summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples)
+        if summary.steps <= 0:
+            log.warning("nothing to train: the plan has no steps left after step %d",
+                        plan.first_step)
+            return summary
         metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
         try:
             if self.resume is None:
                 summary.tau_before = self._evaluate(actors, metrics, 0, "before")
-            self._train(actors, plan, metrics, summary)
+            self._train_recovering(actors, metrics, summary)
             summary.export_dir = ray.get(actors.drafters[0].export.remote(
                 str(self.out_dir / "export"), job.train.export_dtype))
             summary.tau_after = self._evaluate(actors, metrics, summary.end_step, "after")
             summary.wall_s = time.perf_counter() - t_start
             metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
                              "tau_after": summary.tau_after,
+                             "skipped_steps": sorted(summary.skipped_steps),
+                             "restarts": [r.line() for r in summary.restarts],
                              "accounts": [a.summary() for a in summary.accounts]})
         finally:
             metrics.close()
         return summary
 
-    def _train(self, actors: ActorGroup, plan: PlanSummary, metrics: MetricsLogger,
-               summary: RunSummary) -> None:
+    def _train_recovering(self, actors: ActorGroup, metrics: MetricsLogger,
+                          summary: RunSummary) -> None:
+        """Train; after a lost actor, restart the set from the last checkpoint and go on."""
+        plan = actors.plan  # this job's plan: the accounting counts its samples per epoch
         accounting = SampleAccounting(plan.sample_ids)
-        cursor = Cursor(plan, self.resume)
+        while True:
+            try:
+                return self._train(actors, plan, accounting, metrics, summary)
+            except RayError as exc:
+                seen = time.time()
+                pending = self._loop.pending if self._loop is not None else {}
+                name = lost_actor(exc, pending, actors.names(), actors.handles())
+                limit = self.job.train.recovery.max_restarts
+                if name is None:
+                    raise
+                if len(summary.restarts) >= limit:
+                    log.error("lost %s with no restart left (train.recovery.max_restarts=%d)",
+                              name, limit)
+                    raise
+                self._restart(actors, Recovery(name, seen, 0, None), accounting, metrics,
+                              summary)
+
+    def _restart(self, actors: ActorGroup, recovery: Recovery, accounting: SampleAccounting,
+                 metrics: MetricsLogger, summary: RunSummary) -> None:
+        path = self.last_checkpoint
+        point = ckpt.read_point(path) if path is not None else None
+        step = point.step if point is not None else 0
+        recovery.resumed_step, recovery.checkpoint = step, str(path) if path else None
+        summary.restarts.append(recovery)
+        log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
+                  self.job.train.recovery.max_restarts)
+        actors.restart(point, after_failure=True)
+        self._load_checkpoint(actors, path, point)
+        recovery.restarted_at = time.time()
+        log.info("actor set restarted %.1fs after the loss", recovery.restarted_at
+                 - recovery.detected_at)
+        # What ran after the checkpoint is lost with the actors: forget it, train it again.
+        accounting.rollback(step)
+        del summary.losses[max(0, step - summary.first_step):]
+        epoch = point.epoch if point is not None else 0
+        summary.accounts = [a for a in summary.accounts if a.epoch < epoch]
+        summary.skipped_steps = {s for s in summary.skipped_steps if s <= step}
+        self._nonfinite_in_row = 0
+        metrics.log({"recovery/restarts": len(summary.restarts), "trainer/step": step}, step)
+
+    def _train(self, actors: ActorGroup, job_plan: PlanSummary, accounting: SampleAccounting,
+               metrics: MetricsLogger, summary: RunSummary) -> None:
+        plan = actors.plan
+        cursor = Cursor(plan, actors.resume)
         stop = summary.end_step
         progress = Progress(plan.first_step, stop, self.job.train.log_every)
         trace = TraceRecorder(self.job.logger.trace_start, self.job.logger.trace_steps)
+        recovery = summary.restarts[-1] if summary.restarts else None
+        self._steps_reported = plan.first_step
+        self._unreported: list[tuple[int, Callable[[], None]]] = []  # saves done, step not yet
 
         def on_step(report: StepReport) -> None:
+            if recovery is not None and not recovery.training_at:
+                recovery.training_at = time.time()
+                log.info("training again: step %d done %.1fs after %s was lost",
+                         report.step + 1, recovery.training_at - recovery.detected_at,
+                         recovery.actor)
             for m in report.micro:
-                accounting.add(m.epoch, m.sample_ids)
+                accounting.add(m.epoch, m.sample_ids, report.step)
             self._check_replicas(report, summary)
             row = step_metrics(report, len(actors.targets))
             row["trainer/step"] = report.step + 1
+            self._check_finite(report, summary, row)
             summary.losses.append(row["train/loss"])
             metrics.log(row, report.step + 1)
             progress.update(report.step + 1, row)
             trace.add(report)
             if cursor.epoch_ends_at(report.step) or report.step + 1 == stop:
                 account = accounting.account(report.epoch,
-                                             plan.samples_planned(report.epoch))
+                                             job_plan.samples_planned(report.epoch))
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
+            self._steps_reported = report.step + 1
+            self._finalize_reported()
+            for listener in self.step_listeners:
+                listener(report.step + 1)
+            if self._nonfinite_in_row >= self.job.train.recovery.max_nonfinite_in_row:
+                raise NonFiniteError(
+                    f"{self._nonfinite_in_row} steps in a row (up to step {report.step + 1}) "
+                    f"had a non-finite loss or gradient (train.recovery.max_nonfinite_in_row="
+                    f"{self.job.train.recovery.max_nonfinite_in_row}); check the data and "
+                    f"train.optim.lr")
 
         def after_step(step: int) -> list[AfterStepCall]:
             calls = []
@@ -131,14 +240,52 @@ class Driver:
                 calls.append(self._save_async(actors, cursor, summary, step))
             return calls
 
+        self._loop = StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step)
         try:
-            StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step).run()
+            self._loop.run()
+        except NonFiniteError as exc:
+            saved = self._save_now(actors, cursor, summary)
+            raise NonFiniteError(f"{exc}. The last good state is saved in {saved}: its "
+                                 "weights are those of the last finite update") from None
         finally:
             progress.close()
             written = trace.write(self.out_dir / "trace.json")
             if written:
                 log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
                          self.job.logger.trace_start + self.job.logger.trace_steps, written)
+
+    def _check_finite(self, report: StepReport, summary: RunSummary, row: dict) -> None:
+        """Count a skipped (non-finite) update; every drafter must have decided alike."""
+        skipped = {r.skipped for r in report.results}
+        assert len(skipped) == 1, f"step {report.step + 1}: drafters disagreed on skipping"
+        if skipped.pop():
+            self._nonfinite_in_row += 1
+            summary.skipped_steps.add(report.step + 1)
+            log.warning("step %d: non-finite loss or gradient (grad norm %s): update skipped "
+                        "on every drafter (%d in a row, %d in this job)", report.step + 1,
+                        report.results[0].grad_norm, self._nonfinite_in_row,
+                        len(summary.skipped_steps))
+        else:
+            self._nonfinite_in_row = 0
+        row["train/skipped_steps"] = len(summary.skipped_steps)
+
+    def _save_now(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary) -> Path:
+        """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
+        staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
+        saved: SavedState = ray.get(actors.drafters[0].save_checkpoint.remote(str(staging)))
+        return self._finalize(staging, cursor.after(saved.steps_done - 1), saved, summary)
+
+    def _finalize(self, staging: Path, point: ResumePoint, saved: SavedState,
+                  summary: RunSummary) -> Path:
+        assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"
+        extra = {"drafter_config": self.r.spec.hf_config, "job": asdict(self.job),
+                 FINGERPRINT_KEY: self.fingerprint}
+        final = ckpt.finalize(staging, point, [saved.record], extra,
+                              self.job.train.checkpoint.keep_last)
+        summary.checkpoints.append(str(final))
+        self.last_checkpoint = final
+        log.info("checkpoint %s", final)
+        return final
 
     def _save_async(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary,
                     step: int) -> AfterStepCall:
@@ -147,12 +294,19 @@ class Driver:
         ref = actors.drafters[0].save_checkpoint.remote(str(staging))
         point = cursor.after(step)
 
-        def done(_path: str) -> None:
-            final = ckpt.finalize(staging, point, {"drafter_config": self.r.spec.hf_config,
-                                                   "job": asdict(self.job)})
-            summary.checkpoints.append(str(final))
-            log.info("checkpoint %s", final)
+        def done(saved: SavedState) -> None:
+            # Renamed into place only once its step is reported: a restart resumes from the
+            # newest checkpoint, and the accounting must already hold every step it covers.
+            self._unreported.append((point.step, lambda: self._finalize(staging, point, saved,
+                                                                        summary)))
+            self._finalize_reported()
         return AfterStepCall(ref, done)
+
+    def _finalize_reported(self) -> None:
+        ready = [(s, f) for s, f in self._unreported if s <= self._steps_reported]
+        self._unreported = [(s, f) for s, f in self._unreported if s > self._steps_reported]
+        for _, finalize in ready:
+            finalize()
 
     def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
                         step: int) -> AfterStepCall:

@@ -7,6 +7,8 @@ only the transport and the gradient all-reduce), so both compute the same thing.
 from __future__ import annotations
 
 import contextlib
+import math
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -23,6 +25,13 @@ from pipeline.training.optim import apply_update, build_optimizer, build_schedul
 
 # (gradients, local denominator) -> global denominator; sums the gradients in place.
 GradReducer = Callable[[list[torch.Tensor], float], float]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    denominator: float  # the step's global denominator (NaN if any replica's loss was not finite)
+    grad_norm: float    # before clipping
+    skipped: bool       # non-finite loss or gradient: no update, on every replica alike
 
 
 def build_drafter(spec: DrafterSpec, seed: int, device: str) -> DFlashDrafter:
@@ -55,6 +64,8 @@ class DrafterTrainer:
         self.forward = self._compiled(options.compile)
         self.totals = StepTotals()
         self.local_denominator = 0.0  # this replica's share of the current step
+        self.local_nonfinite = False  # a micro-batch of this step had a NaN/inf loss
+        self.skipped_steps = 0
         self.steps_done = 0
 
     def _compiled(self, mode: str) -> Callable[..., torch.Tensor]:
@@ -81,24 +92,29 @@ class DrafterTrainer:
                                  input_ids.to(dev), loss_mask.to(dev), anchors.to(dev),
                                  self.autocast_dtype)
         parts.numerator.backward()
+        self.local_nonfinite |= not math.isfinite(float(parts.numerator.detach()))
         self.local_denominator += float(parts.denominator)
         self.totals.add_parts(parts, samples=len(sample_ids), tokens=int(loss_mask.sum()))
         return parts
 
-    def step(self, reduce: Optional[GradReducer] = None) -> tuple[float, float]:
-        """Apply sum(grads) / sum(denominators) over the step; returns (denominator, norm).
+    def step(self, reduce: Optional[GradReducer] = None) -> StepOutcome:
+        """Apply sum(grads) / sum(denominators) over the step, or skip it when not finite.
 
         ``reduce`` sums gradients and denominators over replicas in place (the Ray path); the
         single-process trainer holds every micro-batch of the step itself and passes none.
+        A replica whose loss was not finite sends a NaN denominator, so the reduced
+        denominator, and with it the decision to skip, is the same on every replica.
         """
-        denominator = self.local_denominator
+        denominator = math.nan if self.local_nonfinite else self.local_denominator
         if reduce is not None:  # a replica without micro-batches adds its zero gradients
             denominator = reduce([p.grad for p in self.model.parameters()], denominator)
-        norm = apply_update(self.model, self.optimizer, self.scheduler, denominator,
-                            self.optim.grad_clip)
+        norm, skipped = apply_update(self.model, self.optimizer, self.scheduler, denominator,
+                                     self.optim.grad_clip)
         self.local_denominator = 0.0
+        self.local_nonfinite = False
         self.steps_done += 1
-        return denominator, norm
+        self.skipped_steps += skipped
+        return StepOutcome(denominator, norm, skipped)
 
     def state_dict(self) -> dict:
         """Everything an exact resume needs from this replica (weights in fp32)."""

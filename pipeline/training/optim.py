@@ -33,10 +33,13 @@ def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
 
 def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, denominator: float,
-                 grad_clip: float) -> float:
+                 grad_clip: float) -> tuple[float, bool]:
     """Gradients hold sum(numerator grads) of the whole step: divide, clip, step.
 
-    Returns the gradient norm before clipping.
+    Returns (gradient norm before clipping, skipped). A non-finite denominator or norm skips
+    the update: weights and optimizer state stay as they were, and the schedule still advances
+    so that the LR keeps following the step count. Given all-reduced gradients and
+    denominator, every replica sees the same values and decides alike.
     """
     params = [p for p in model.parameters() if p.grad is not None]
     if denominator > 0:
@@ -44,9 +47,11 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
             p.grad.div_(denominator)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
-    optimizer.step()
+    skipped = not (math.isfinite(denominator) and bool(torch.isfinite(norm)))
+    if not skipped:
+        optimizer.step()
     scheduler.step()
     # Zeroed in place, never dropped: the buffers must outlive CUDA-graph replays (see
     # DrafterTrainer).
     optimizer.zero_grad(set_to_none=False)
-    return float(norm)
+    return float(norm), skipped

@@ -65,4 +65,7 @@ def job_plan(sample_ids: Sequence[int], seed: int, epochs: int, micro_batch_size
         skip = samples_done if epoch == start_epoch else 0
         plans += epoch_plan(sample_ids, seed, epoch, micro_batch_size, micro_batches_per_step,
                             skip)
-    return plans[: max_steps - steps_done] if max_steps else plans
+    if not max_steps:
+        return plans
+    # A checkpoint may already hold max_steps or more: nothing is left (never a negative slice).
+    return plans[: max(0, max_steps - steps_done)]

@@ -75,8 +75,7 @@ class SingleProcessTrainer:
             self.drafter.forward_backward(feats, batch.input_ids, batch.loss_mask,
                                           list(batch.sample_ids), plan.epoch)
         totals = self.drafter.take_totals()
-        _, norm = self.drafter.step()
-        return totals, norm
+        return totals, self.drafter.step().grad_norm
 
     def train(self) -> list[dict]:
         out = Path(self.job.train.out_dir)

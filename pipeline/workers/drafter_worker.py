@@ -22,10 +22,11 @@ from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
 from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer
+from pipeline.training.state_io import load_state, save_state
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
-from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
+from pipeline.workers.messages import MicroBatch, MicroResult, SavedState, StepResult
 
 
 class DrafterWorker:
@@ -91,27 +92,27 @@ class DrafterWorker:
         start, t0 = time.time(), time.perf_counter()
         timed = _TimedReducer(self.reducer, self._sync)
         lr = self.trainer.lr
-        denominator, norm = self.trainer.step(timed)
+        outcome = self.trainer.step(timed)
         self.trainer.take_totals()
         with torch.no_grad():
             checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
         return StepResult(
-            drafter=self.rank, step=step, denominator=denominator, grad_norm=norm, lr=lr,
+            drafter=self.rank, step=step, denominator=outcome.denominator,
+            grad_norm=outcome.grad_norm, skipped=outcome.skipped, lr=lr,
             start_s=start, busy_s=time.perf_counter() - t0, reduce_start_s=timed.start,
             reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
             param_checksum=checksum, on_main_thread=on_main_thread(),
             cudagraph_skips=cudagraph_skips())
 
     # -- outputs --------------------------------------------------------------------------
-    def save_checkpoint(self, folder: str) -> str:
-        path = Path(folder) / "drafter.pt"
-        torch.save(self.trainer.state_dict(), path)
-        return str(path)
+    def save_checkpoint(self, folder: str) -> SavedState:
+        """Write and fsync ``drafter.pt``; the record lets a resume tell it complete."""
+        record = save_state(self.trainer.state_dict(), Path(folder) / "drafter.pt")
+        return SavedState(self.trainer.steps_done, record)
 
     def load_checkpoint(self, folder: str) -> int:
-        state = torch.load(Path(folder) / "drafter.pt", map_location=self.device,
-                           weights_only=False)
-        self.trainer.load_state_dict(state)
+        """Load ``drafter.pt`` without running code from it (weights_only)."""
+        self.trainer.load_state_dict(load_state(Path(folder) / "drafter.pt", self.device))
         return self.trainer.steps_done
 
     def export(self, out_dir: str, dtype: str) -> str:

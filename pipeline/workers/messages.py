@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.data.batching import attention_mask
+from pipeline.training.state_io import FileRecord
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class StepResult:
     step: int
     denominator: float   # all-reduced over drafters: the step's global denominator
     grad_norm: float
+    skipped: bool        # non-finite loss or gradient: no update (decided alike on all ranks)
     lr: float
     start_s: float
     busy_s: float
@@ -72,3 +74,11 @@ class StepResult:
     on_main_thread: bool
     cudagraph_skips: int  # graphs inductor declined to capture (reduce-overhead only)
 
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """What drafter rank 0 wrote into a checkpoint's staging folder."""
+
+    steps_done: int      # the trainer's steps, to check against the driver's cursor
+    record: FileRecord   # drafter.pt's size and digest, kept in state.json

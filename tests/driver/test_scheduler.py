@@ -122,7 +122,8 @@ class FakeDrafter:
                 time.sleep(0.01)
         samples = sum(len(ids) for ids in self.trained.pop(step, []))
         return StepResult(drafter=self.rank, step=step, denominator=float(samples),
-                          grad_norm=0.0, lr=0.0, start_s=0.0, busy_s=0.0, reduce_start_s=0.0,
+                          grad_norm=0.0, skipped=False, lr=0.0, start_s=0.0, busy_s=0.0,
+                          reduce_start_s=0.0,
                           reduce_s=0.0, max_memory_bytes=0, param_checksum=0.0,
                           on_main_thread=True, cudagraph_skips=0)
 

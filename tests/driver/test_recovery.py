@@ -1,0 +1,131 @@
+"""A lost actor costs a restart, not the job: kill each kind of actor mid-run, by ray.kill or
+SIGKILL of its process; the driver restarts the set from the last checkpoint and every sample
+is still trained exactly once per epoch."""
+
+import json
+import logging
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
+
+# 24 samples, 2 per micro-batch, 2 drafters: 6 steps per epoch; 2 epochs; a save every 2 steps.
+BASE = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "train.export_dtype=float32",
+        "data.micro_batch_size=2", "train.optim.lr=2e-3", "train.plan.epochs=2",
+        "train.checkpoint.every=2", "train.log_every=100"]
+
+
+def _kill_at(driver, step, kind, how):
+    """A step listener that kills an actor of ``kind`` once ``step`` steps are done."""
+    state = {}
+
+    def listener(done):
+        if done != step or state:
+            return
+        actors = driver.actors
+        handle = {"drafter": actors.drafters[-1], "target": actors.targets[0],
+                  "prefetcher": actors.prefetcher}[kind]
+        if how == "ray.kill":
+            ray.kill(handle)
+        else:
+            pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+            os.kill(pid, signal.SIGKILL)
+        state["killed_at"] = time.time()
+    listener.state = state
+    return listener
+
+
+def _train_rows(out_dir):
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "train/loss" in r]
+
+
+# Early enough that the actor still has work pending (the prefetcher runs 3 steps ahead).
+KILLS = [(2, "prefetcher", "SIGKILL"), (5, "drafter", "SIGKILL"), (8, "target", "ray.kill")]
+
+
+def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
+        ray_cluster, small_train_file, tmp_path, caplog):
+    out = tmp_path / "run"
+    driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
+                                        f"train.out_dir={out}", "train.recovery.max_restarts=3",
+                                        "train.checkpoint.keep_last=2"]))
+    for step, kind, how in KILLS:
+        driver.step_listeners.append(_kill_at(driver, step, kind, how))
+    killers = list(driver.step_listeners)
+    with caplog.at_level(logging.INFO):
+        summary = driver.run()
+
+    assert [r.actor.split()[0] for r in summary.restarts] == [kind for _, kind, _ in KILLS]
+    for (step, kind, how), rec, killer in zip(KILLS, summary.restarts, killers):
+        killed_at = killer.state["killed_at"]
+        # Resumed from the newest complete checkpoint: at least the one before the kill.
+        assert rec.resumed_step >= 2 * ((step - 1) // 2) and rec.resumed_step < 12
+        if rec.resumed_step:
+            assert rec.checkpoint.endswith(f"step_{rec.resumed_step:08d}")
+        assert killed_at <= rec.detected_at <= rec.restarted_at <= rec.training_at
+        assert f"lost {rec.actor}" in caplog.text
+        assert f"resuming from step {rec.resumed_step}" in caplog.text
+        logging.getLogger(__name__).warning(
+            "%s killed by %s after step %d: seen after %.1fs, actors up again after %.1fs, "
+            "training again after %.1fs (from the kill), resumed from step %d", kind, how, step,
+            rec.detected_at - killed_at, rec.restarted_at - killed_at,
+            rec.training_at - killed_at, rec.resumed_step)
+    # Both epochs complete, each sample trained exactly once in each, and the line says so.
+    assert summary.end_step == 12 and len(summary.losses) == 12
+    assert [a.epoch for a in summary.accounts] == [0, 1]
+    for account in summary.accounts:
+        assert account.exact and account.trained == 24
+    assert summary.accounts[-1].restarts == 3 and "trained again" in caplog.text
+    assert summary.checksums_agree
+    # The metrics hold every step; the last row of each step is the one that counts.
+    assert sorted({r["step"] for r in _train_rows(out)}) == list(range(1, 13))
+    assert ckpt.latest(out).name == "step_00000012"
+    assert sorted(p.name for p in ckpt.checkpoint_root(out).iterdir()) == [
+        "step_00000010", "step_00000012"]  # keep_last=2, and no staging folder left
+    assert (out / "export" / "model.safetensors").exists()
+
+
+def test_a_lost_actor_ends_the_job_when_no_restart_is_left(ray_cluster, small_train_file,
+                                                           tmp_path, caplog):
+    driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
+                                        f"train.out_dir={tmp_path / 'run'}",
+                                        "train.recovery.max_restarts=0",
+                                        "train.plan.epochs=1"]))
+    driver.step_listeners.append(_kill_at(driver, 2, "drafter", "ray.kill"))
+    with pytest.raises(ray.exceptions.RayError):
+        driver.run()
+    assert "no restart left (train.recovery.max_restarts=0)" in caplog.text
+
+
+class _Peer:
+    def fail(self) -> None:
+        raise RuntimeError("peer closed the connection")  # as gloo says when a peer died
+
+    def ping(self) -> int:
+        return 1
+
+
+def test_a_peer_error_is_traced_to_the_dead_actor_even_with_nothing_pending(ray_session):
+    """A survivor's task error comes first; the dead actor has no call pending: the probe
+    finds it. A task error with every actor alive is a bug, not a loss."""
+    from pipeline.driver.recovery import lost_actor
+
+    alive, dead = ray.remote(_Peer).remote(), ray.remote(_Peer).remote()
+    names = {alive._actor_id.hex(): "drafter 0", dead._actor_id.hex(): "drafter 1"}
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as err:
+            ray.get(alive.fail.remote())
+        assert lost_actor(err.value, [], names, [alive, dead], grace_s=20) is None
+        ray.get(dead.ping.remote())
+        ray.kill(dead)
+        assert lost_actor(err.value, [], names, [alive, dead], grace_s=20) == "drafter 1"
+        assert lost_actor(ValueError("a bug"), [], names, [alive, dead]) is None
+    finally:
+        ray.kill(alive)
