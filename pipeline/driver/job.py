@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import ray
 
@@ -15,6 +15,7 @@ from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.accounting import EpochAccount, SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.cursor import Cursor
+from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.launcher import check_cluster
 from pipeline.driver.progress import Progress
 from pipeline.driver.report import step_metrics
@@ -25,6 +26,7 @@ from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
+from pipeline.workers.eval_worker import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +63,18 @@ class Driver:
         self.resume_from = ckpt.resolve_resume(job.train.checkpoint.resume, self.out_dir)
         self.resume = ckpt.read_point(self.resume_from) if self.resume_from else None
         self._heldout: Optional[list[list[int]]] = None
+        self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
         c = self.job.cluster
         t_start = time.perf_counter()
-        with ray_session(c.address, (c.targets_per_node + c.drafters_per_node)
+        # The +1 actor: the tau evaluator (the prefetcher rides in the final +1 CPU).
+        with ray_session(c.address, (c.targets_per_node + c.drafters_per_node + 1)
                          * c.cpus_per_actor + 1):
             check_cluster(c, self.r.device)
-            with ActorGroup(self.job, self.r, self.resume) as actors:
+            with ActorGroup(self.job, self.r, self.resume) as actors, \
+                    TauEvaluator(self.job, self.r, self._prompts) as evaluator:
+                self.evaluator = evaluator
                 self._load_checkpoint(actors)
                 return self._run(actors, t_start)
 
@@ -156,11 +162,14 @@ class Driver:
 
     def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
                         step: int) -> AfterStepCall:
-        """Queue a tau evaluation of the weights after ``step`` on drafter rank 0."""
-        def done(tau: float) -> None:
-            metrics.log({"eval/tau": tau, "trainer/step": step}, step)
-            log.info("tau at step %d: %.3f", step, tau)
-        return AfterStepCall(self._tau_ref(actors), done)
+        """Evaluate the weights after ``step`` on the evaluator while training goes on; the
+        result is logged at ``step`` whenever it lands."""
+        def done(result: EvalResult) -> None:
+            metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
+            log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
+                     result.tau, result.seconds)
+        assert self.evaluator is not None
+        return self.evaluator.behind_step(actors.drafters[0], step, done)
 
     def _stop_step(self, plan: PlanSummary) -> int:
         stop = self.job.train.plan.stop_at_step
@@ -182,13 +191,14 @@ class Driver:
 
     def _evaluate(self, actors: ActorGroup, metrics: MetricsLogger, step: int,
                   label: str) -> Optional[float]:
-        if self.job.train.eval.every < 0 or self.job.train.eval.prompts == 0:
+        assert self.evaluator is not None
+        result = self.evaluator.evaluate(actors.drafters[0], step)
+        if result is None:
             return None
-        tau = ray.get(self._tau_ref(actors))
-        metrics.log({"eval/tau": tau, "trainer/step": step}, step)
-        log.info("tau %s training: %.3f on %d held-out prompts", label, tau,
-                 len(self._prompts()))
-        return tau
+        metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
+        log.info("tau %s training: %.3f on %d held-out prompts", label, result.tau,
+                 result.num_prompts)
+        return result.tau
 
     def _prompts(self) -> list[list[int]]:
         if self._heldout is None:
@@ -201,7 +211,3 @@ class Driver:
                                             self.job.train.eval.prompts, self.job.data.format,
                                             self.job.data.enable_thinking)
         return self._heldout
-
-    def _tau_ref(self, actors: ActorGroup) -> Any:
-        return actors.drafters[0].evaluate_tau.remote(
-            self._prompts(), self.job.train.eval.max_new_tokens, self.r.eos_token_id)
