@@ -63,7 +63,10 @@ def parse_line(line: str, fmt: str = "auto") -> list[dict[str, Any]]:
     fmt = _detect_format(record) if fmt == "auto" else fmt
     key = _FORMAT_KEY[fmt]
     turns = record.get(key)
-    if not isinstance(turns, list) or not turns:
+    if turns is not None and not isinstance(turns, list):
+        raise BadLine("wrong_type", f"{key!r} is a {type(turns).__name__}, expected a list of "
+                                    f"turns")
+    if not turns:
         raise BadLine("no_turns", f"format {fmt!r} needs a non-empty list under {key!r}, "
                          f"got keys {sorted(record)}")
     if fmt == "messages":
@@ -160,7 +163,7 @@ def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
             stats.lines_read += 1
             try:
                 if isinstance(raw, int):
-                    raise BadLine("too_long", f"line of {raw} bytes or more, over "
+                    raise BadLine("too_long", f"line of {raw} bytes, over "
                                               f"data.max_line_bytes={max_line_bytes}")
                 messages = parse_line(_decode(raw), fmt)
             except BadLine as e:
@@ -177,8 +180,8 @@ def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
 
 
 def _lines(f: BinaryIO, max_bytes: int) -> Iterator[Union[bytes, int]]:
-    """Each line of ``f`` as bytes, or, for a line over ``max_bytes``, how many bytes were
-    read of it (the rest is skipped in bounded chunks, never held whole)."""
+    """Each line of ``f`` as bytes, or, for a line over ``max_bytes``, its length: it is read
+    past in bounded chunks, never held whole."""
     while True:
         line = f.readline(max_bytes + 1)
         if not line:
@@ -192,4 +195,4 @@ def _lines(f: BinaryIO, max_bytes: int) -> Iterator[Union[bytes, int]]:
             if not line:
                 break
             size += len(line)
-        yield size
+        yield size - line.endswith(b"\n")  # bytes of the line itself
