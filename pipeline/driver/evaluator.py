@@ -24,8 +24,8 @@ from pipeline.workers.eval_worker import EvalResult, EvalWorker
 
 log = logging.getLogger(__name__)
 
-# How long the evaluator may take to be placed before the job stops with advice.
-_PLACE_TIMEOUT_S = 120.0
+# How long the evaluator may take to be placed and built before the job stops with advice.
+_PLACE_TIMEOUT_S = 300.0
 
 
 class TauEvaluator:
@@ -37,6 +37,7 @@ class TauEvaluator:
         self.r = resolved
         self._prompts = prompts
         self.actor: Any = None
+        self.in_flight = 0  # evaluations sent behind steps and not yet back
 
     @property
     def enabled(self) -> bool:
@@ -59,7 +60,9 @@ class TauEvaluator:
             target_dtype=r.autocast_dtype or torch.float32, prompts=self._prompts(),
             max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id)
         ready, _ = ray.wait([self.actor.__ray_ready__.remote()], timeout=_PLACE_TIMEOUT_S)
-        if not ready:
+        if ready:
+            ray.get(ready[0])  # a failed constructor raises here, not at the first evaluation
+        else:
             raise ValueError(
                 f"the tau evaluator (train.eval.gpus={e.gpus:g} GPU, "
                 f"cluster.cpus_per_actor={self.job.cluster.cpus_per_actor:g} CPU) found no room "
@@ -92,5 +95,14 @@ class TauEvaluator:
     def behind_step(self, drafter: Any, step: int,
                     on_done: Callable[[EvalResult], None]) -> AfterStepCall:
         """The evaluation of the weights after ``step`` steps, for the step loop to collect."""
-        return AfterStepCall(self.result_ref(drafter, step), on_done)
+        self.in_flight += 1
+        if self.in_flight > 1:  # each queued one holds a copy of the weights in the store
+            log.warning("tau evaluations fall behind training: %d queued (the one after step "
+                        "%d included); raise train.eval.every or lower train.eval.prompts",
+                        self.in_flight, step)
+
+        def done(result: EvalResult) -> None:
+            self.in_flight -= 1
+            on_done(result)
+        return AfterStepCall(self.result_ref(drafter, step), done)
 

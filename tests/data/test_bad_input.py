@@ -152,3 +152,13 @@ def test_limit_edges(tmp_path):
     stats = DataStats()
     assert list(read_conversations(path, "auto", "skip", stats, len(line) - 1)) == []
     assert stats.bad_by_kind == {"too_long": 2}
+
+
+def test_a_template_error_on_a_heldout_prompt_names_file_and_line(tmp_path, tokenizer):
+    from pipeline.eval.tau import heldout_prompts
+
+    path = _write(tmp_path, [json.dumps(GOOD).encode(),
+                             _turns(("user", "FORBIDDEN"), ("assistant", "x")).encode()])
+    with pytest.raises(DataError, match=rf"^{path}:2: the chat template fails on the prompt "
+                                        r"\(TemplateError: forbidden word\)"):
+        heldout_prompts(path, tokenizer, limit=5)
