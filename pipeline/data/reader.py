@@ -68,7 +68,7 @@ def parse_line(line: str, fmt: str = "auto") -> list[dict[str, Any]]:
                                     f"turns")
     if not turns:
         raise BadLine("no_turns", f"format {fmt!r} needs a non-empty list under {key!r}, "
-                         f"got keys {sorted(record)}")
+                                  f"got keys {sorted(record)}")
     if fmt == "messages":
         messages = [_message(t, i, "role", "content", {r: r for r in ROLES})
                     for i, t in enumerate(turns)]
@@ -101,7 +101,7 @@ def _detect_format(record: dict[str, Any]) -> str:
     has = [fmt for fmt, key in _FORMAT_KEY.items() if key in record]
     if len(has) != 1:
         raise BadLine("no_turns", f"expected exactly one of the keys 'messages' (OpenAI) or "
-                         f"'conversations' (ShareGPT), got keys {sorted(record)}")
+                                  f"'conversations' (ShareGPT), got keys {sorted(record)}")
     return has[0]
 
 
@@ -112,7 +112,7 @@ def _message(turn: Any, index: int, role_key: str, text_key: str,
         raise BadLine("bad_turn", f"turn {index} is a {type(turn).__name__}, expected an object")
     if role_key not in turn or text_key not in turn:
         raise BadLine("bad_turn", f"turn {index} needs keys {role_key!r} and {text_key!r}, "
-                         f"got {sorted(turn)}")
+                                  f"got {sorted(turn)}")
     role, text = turn[role_key], turn[text_key]
     if text is None and turn.get("tool_calls"):  # OpenAI form: a pure tool call has no text
         text = ""
@@ -120,17 +120,18 @@ def _message(turn: Any, index: int, role_key: str, text_key: str,
         raise BadLine("wrong_type", f"turn {index} has a non-string {role_key!r} "
                                     f"({type(role).__name__})")
     if role not in roles:
-        raise BadLine("bad_role", f"turn {index} has {role_key}={role!r}; allowed: {sorted(roles)}")
+        raise BadLine("bad_role", f"turn {index} has {role_key}={role!r}; "
+                                  f"allowed: {sorted(roles)}")
     if not isinstance(text, str):
         raise BadLine("wrong_type", f"turn {index} has a non-string {text_key!r} "
-                         f"({type(text).__name__})")
+                                    f"({type(text).__name__})")
     message = {"role": roles[role], "content": text}
     for key, kind in OPTIONAL_KEYS.items():
         if turn.get(key) is None:
             continue
         if not isinstance(turn[key], kind):
-            raise BadLine("wrong_type", f"turn {index} has a {type(turn[key]).__name__} {key!r}, expected "
-                             f"a {kind.__name__}")
+            raise BadLine("wrong_type", f"turn {index} has a {type(turn[key]).__name__} "
+                                        f"{key!r}, expected a {kind.__name__}")
         message[key] = turn[key]
     return message
 

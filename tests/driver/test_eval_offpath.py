@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import pytest
-import ray
 import torch
 
 from pipeline.driver.compose import compose_job
