@@ -10,6 +10,8 @@ from pipeline.model.target import load_target, load_target_head
 
 VOCAB = 96
 MASK_ID = 95
+# The suite's local Ray (a test that needs another cluster brings this one back afterwards).
+RAY_TEST_INIT = {"num_cpus": 4, "include_dashboard": False, "logging_level": "WARNING"}
 
 
 @pytest.fixture(scope="session")
@@ -50,13 +52,19 @@ def tiny_assets():
 
 
 @pytest.fixture(scope="session")
+def ray_init_args():
+    """How the suite starts its local Ray (a test that needs another cluster restores it)."""
+    return RAY_TEST_INIT
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray instance for the whole session (real actors, CPU)."""
     import ray
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+        ray.init(**RAY_TEST_INIT)
     yield
     if started:
         ray.shutdown()

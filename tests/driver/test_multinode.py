@@ -30,7 +30,7 @@ CPUS_PER_NODE = 3
 
 
 @pytest.fixture(scope="module")
-def two_nodes(request, tiny_assets):
+def two_nodes(request, tiny_assets, ray_init_args):
     restore = ray.is_initialized()
     if restore:  # the session's single-node Ray; brought back afterwards
         ray.shutdown()
@@ -46,7 +46,7 @@ def two_nodes(request, tiny_assets):
         ray.shutdown()
         cluster.shutdown()
         if restore:
-            ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+            ray.init(**ray_init_args)
 
 
 def _job(cluster, tmp_path, train_file, *extra):
