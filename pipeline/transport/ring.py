@@ -117,8 +117,8 @@ class RingReader:
 
     ``node_id`` is the node this reader runs on (None outside Ray). A ring whose handle names
     another node is refused: CUDA IPC handles and shared-memory names mean nothing there (on a
-    simulated multi-node cluster on one machine the open would even succeed, and read another
-    node's memory).
+    simulated multi-node cluster on one machine the open would even succeed and hide the
+    mistake until a real cluster).
     """
 
     def __init__(self, device: torch.device | str, node_id: Optional[str] = None) -> None:
