@@ -165,6 +165,9 @@ class Driver:
         """Evaluate the weights after ``step`` on the evaluator while training goes on; the
         result is logged at ``step`` whenever it lands."""
         def done(result: EvalResult) -> None:
+            if result.error:
+                log.warning("tau at step %d failed, training goes on: %s", step, result.error)
+                return
             metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
             log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
                      result.tau, result.seconds)
@@ -194,6 +197,9 @@ class Driver:
         assert self.evaluator is not None
         result = self.evaluator.evaluate(actors.drafters[0], step)
         if result is None:
+            return None
+        if result.error:
+            log.warning("tau %s training failed: %s", label, result.error)
             return None
         metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
         log.info("tau %s training: %.3f on %d held-out prompts", label, result.tau,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -37,6 +38,9 @@ class EvalResult:
     tau: float
     num_prompts: int
     seconds: float
+    # Why the evaluation failed (tau is nan then): an eval that runs out of memory costs its
+    # figure, not the training job.
+    error: Optional[str] = None
 
 
 class EvalWorker:
@@ -59,17 +63,28 @@ class EvalWorker:
         """tau of ``weights`` (a drafter's state dict) on the held-out prompts."""
         assert self.drafter is not None, "evaluate after close"
         t0 = time.perf_counter()
+        try:
+            tau = self._evaluate(weights)
+        except Exception as e:  # reported to the driver, which trains on without this figure
+            log.exception("tau after step %d failed", step)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return EvalResult(step=step, tau=math.nan, num_prompts=len(self.prompts),
+                              seconds=time.perf_counter() - t0,
+                              error=f"{type(e).__name__}: {e}")
+        seconds = time.perf_counter() - t0
+        log.info("tau after step %d: %.3f (%d prompts, %.1fs)", step, tau, len(self.prompts),
+                 seconds)
+        return EvalResult(step=step, tau=tau, num_prompts=len(self.prompts), seconds=seconds)
+
+    def _evaluate(self, weights: Weights) -> float:
         if self._target is None:
             self._target = load_full_target(self.target_path, self.device.type,
                                             self.target_dtype)
         self.drafter.load_state_dict(weights)
         del weights  # the copy the object store handed us; the drafter holds its own now
-        tau = evaluate_tau(self._target, self.drafter, self.head, self.prompts,
-                           self.max_new_tokens, self.eos_token_id)
-        seconds = time.perf_counter() - t0
-        log.info("tau after step %d: %.3f (%d prompts, %.1fs)", step, tau, len(self.prompts),
-                 seconds)
-        return EvalResult(step=step, tau=tau, num_prompts=len(self.prompts), seconds=seconds)
+        return evaluate_tau(self._target, self.drafter, self.head, self.prompts,
+                            self.max_new_tokens, self.eos_token_id)
 
     def holds_target(self) -> bool:
         return self._target is not None

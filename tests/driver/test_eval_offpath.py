@@ -53,6 +53,10 @@ def test_evaluator_matches_drafter_rank0_evaluation(tiny_assets, tmp_path):
     result = worker.evaluate(drafter.weights(), step=7)
     assert result == EvalResult(step=7, tau=old, num_prompts=3, seconds=result.seconds)
     assert worker.holds_target()
+    # A failed evaluation is reported, not raised: it must not end the training job.
+    failed = worker.evaluate({"not_a_weight": torch.zeros(1)}, step=8)
+    assert failed.step == 8 and failed.tau != failed.tau  # nan
+    assert failed.error.startswith("RuntimeError: Error(s) in loading state_dict")
     worker.close()  # frees what it loaded
     assert not worker.holds_target() and worker.drafter is None
 
