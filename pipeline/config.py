@@ -46,11 +46,19 @@ class ClusterConfig:
     # GPUs Ray reserves per actor on CUDA. Fractions co-locate actors on one GPU (0.5: a target
     # and a drafter share a device, with CUDA IPC between their processes on it).
     gpus_per_actor: float = 1.0
+    # STRICT_PACK keeps each node's group on one node. PACK may split a group across nodes,
+    # which slot rings cannot span, so it is refused on a cluster of more than one node.
     placement_strategy: str = "STRICT_PACK"  # one of "STRICT_PACK", "PACK"
+    # Seconds any collective (the gradient all-reduce) may wait for the slowest rank before
+    # the process group gives up. Nothing slow (tau eval, saves of the other ranks) runs
+    # between the ranks' all-reduces any more, so this bounds real stalls only.
+    collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "targets_per_node", "drafters_per_node", "num_slots"):
             require(getattr(self, key) >= 1, f"cluster.{key}", getattr(self, key), ">= 1")
+        require(self.collective_timeout_s > 0, "cluster.collective_timeout_s",
+                self.collective_timeout_s, "> 0 seconds")
         require(self.cpus_per_actor > 0, "cluster.cpus_per_actor", self.cpus_per_actor, "> 0")
         require(0 < self.gpus_per_actor <= 1, "cluster.gpus_per_actor", self.gpus_per_actor,
                 "in (0, 1]: a fraction shares a GPU between actors")

@@ -10,6 +10,9 @@ from pipeline.model.target import load_target, load_target_head
 
 VOCAB = 96
 MASK_ID = 95
+# The suite's local Ray (a test that needs another cluster brings this one back afterwards).
+RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
+                 "logging_level": "WARNING"}
 
 
 @pytest.fixture(scope="session")
@@ -50,14 +53,19 @@ def tiny_assets():
 
 
 @pytest.fixture(scope="session")
+def ray_init_args():
+    """How the suite starts its local Ray (a test that needs another cluster restores it)."""
+    return RAY_TEST_INIT
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray instance for the whole session (real actors, CPU)."""
     import ray
 
     started = not ray.is_initialized()
     if started:
-        # address="local": our own cluster, never another one found running on the machine.
-        ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+        ray.init(**RAY_TEST_INIT)
     yield
     if started:
         ray.shutdown()

@@ -51,6 +51,9 @@ def test_unknown_key_and_wrong_type_name_the_key(override, match):
     ("train.optim.warmup_ratio=1.5", r"train.optim.warmup_ratio=1.5.*\[0, 1\)"),
     ("train.eval.every=-2", r"train.eval.every=-2.*>= -1"),
     ("data.on_bad_line=ignore", r"data.on_bad_line='ignore'.*\['error', 'skip'\]"),
+    ("cluster.collective_timeout_s=0", r"cluster.collective_timeout_s=0.*> 0 seconds"),
+    ("train.eval.gpus=1.5", r"train.eval.gpus=1.5.*in \(0, 1\]"),
+    ("data.max_line_bytes=0", r"data.max_line_bytes=0.*an integer >= 2"),
 ])
 def test_bad_values_name_the_key_and_allowed(override, match):
     with pytest.raises(ValueError, match=match):

@@ -8,6 +8,9 @@ from pipeline.validate import require, require_choice
 
 FORMATS = ("auto", "messages", "sharegpt")
 ON_BAD_LINE = ("error", "skip")
+# 4 MiB: some 25 times a 32k-token conversation. Longer lines are damage (a binary blob, a
+# file without newlines), and one would take minutes to tokenize before being cut anyway.
+DEFAULT_MAX_LINE_BYTES = 4 << 20
 
 
 @dataclass
@@ -22,6 +25,8 @@ class DataConfig:
     max_length: int = 512
     # A malformed line stops the job ("error") or is counted, reported and left out ("skip").
     on_bad_line: str = "error"  # one of ON_BAD_LINE
+    # A line longer than this is a bad line (kind too_long), and is never read whole.
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     micro_batch_size: int = 4
     # Passed to the chat template in regeneration, training and eval alike. True (Qwen3's own
     # default): the target may reason, and the drafter trains on everything the target writes,
@@ -42,7 +47,8 @@ class DataConfig:
         require(isinstance(self.enable_thinking, bool), "data.enable_thinking",
                 self.enable_thinking, "true or false")
         # bool is an int subclass; True as a length is a mistake, not a 1.
-        for key, low in (("max_length", 2), ("micro_batch_size", 1), ("seed", 0)):
+        for key, low in (("max_length", 2), ("micro_batch_size", 1), ("seed", 0),
+                         ("max_line_bytes", 2)):
             value = getattr(self, key)
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
             require(ok, f"data.{key}", value, f"an integer >= {low}")

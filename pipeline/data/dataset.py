@@ -10,6 +10,7 @@ import torch
 
 from pipeline.data.config import DataConfig
 from pipeline.data.encode import Segment, render_segments, tokenize_segments
+from pipeline.data.errors import BadLine
 from pipeline.data.reader import Conversation, DataError, read_conversations
 from pipeline.data.stats import DataStats
 
@@ -59,7 +60,7 @@ class ChatDataset:
         self.stats = DataStats()
         self._samples: dict[int, Sample] = {}
         conversations = list(read_conversations(path, config.format, config.on_bad_line,
-                                                self.stats))
+                                                self.stats, config.max_line_bytes))
         for i in range(0, len(conversations), _ENCODE_CHUNK):
             self._encode(conversations[i:i + _ENCODE_CHUNK], tokenizer, config)
         # Skipped lines are worth a warning: the user asked to skip them, not to hide them.
@@ -77,12 +78,13 @@ class ChatDataset:
         for conv in conversations:
             try:
                 segments = render_segments(tokenizer, conv.messages, config.enable_thinking)
-            except ValueError as e:  # the template hides an assistant turn: a bad line
-                bad = DataError(self.path, conv.line_index + 1, str(e))
+            except BadLine as e:  # the template refuses a turn or hides it: a bad line
+                bad = DataError(self.path, conv.line_index + 1, str(e), e.kind)
                 if config.on_bad_line == "error":
                     raise bad from None
-                self.stats.record_bad(str(bad))
+                self.stats.record_bad(str(bad), e.kind)
                 continue
+            self.stats.conversations += 1
             self.stats.split_segments += len(segments) - 1
             rendered += [(conv, k, segment) for k, segment in enumerate(segments)]
         encoded = tokenize_segments(tokenizer, [segment for _, _, segment in rendered])

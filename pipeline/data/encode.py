@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from pipeline.data.errors import BadLine
 from pipeline.data.template import Message, render
 
 log = logging.getLogger(__name__)
@@ -58,16 +59,17 @@ def generated_text(tokenizer, messages: Sequence[Message], index: int,
         full = render(tokenizer, messages[:index + 1], add_generation_prompt=False,
                       enable_thinking=enable_thinking)
     except Exception as e:  # jinja errors (an unknown role, a turn the template refuses)
-        raise ValueError(f"assistant turn {index}: the chat template fails on it "
-                         f"({type(e).__name__}: {e})") from None
+        raise BadLine("template", f"assistant turn {index}: the chat template fails on it "
+                                  f"({type(e).__name__}: {e})") from None
     if not full.startswith(prompt):
-        raise ValueError(f"assistant turn {index}: the chat template does not render it after "
-                         f"its own generation prompt, so what the target wrote is unknown")
+        raise BadLine("template", f"assistant turn {index}: the chat template does not render "
+                                  f"it after its own generation prompt, so what the target "
+                                  f"wrote is unknown")
     generated = full[len(prompt):].rstrip()
     answer = _visible_answer(messages[index])
     if answer and answer not in generated:
-        raise ValueError(f"assistant turn {index}: its content is not in the text the chat "
-                         f"template renders for it")
+        raise BadLine("template", f"assistant turn {index}: its content is not in the text "
+                                  f"the chat template renders for it")
     return prompt, generated
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional, Union
 
-from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.data.config import DEFAULT_MAX_LINE_BYTES, FORMATS, ON_BAD_LINE
+from pipeline.data.errors import BadLine
 from pipeline.data.stats import DataStats
 from pipeline.validate import require_choice
 
@@ -33,11 +34,12 @@ _FORMAT_KEY = {"messages": "messages", "sharegpt": "conversations"}
 class DataError(ValueError):
     """A line of a data file that cannot be used; the message says where and why."""
 
-    def __init__(self, path: str, line_no: int, reason: str) -> None:
+    def __init__(self, path: str, line_no: int, reason: str, kind: str) -> None:
         super().__init__(f"{path}:{line_no}: {reason}")
         self.path = path
         self.line_no = line_no  # 1-based, as editors show it
         self.reason = reason
+        self.kind = kind  # one of pipeline.data.errors.KINDS
 
 
 @dataclass(frozen=True)
@@ -48,35 +50,58 @@ class Conversation:
 
 
 def parse_line(line: str, fmt: str = "auto") -> list[dict[str, Any]]:
-    """One JSONL line -> messages in OpenAI form. Raises ValueError saying what is wrong."""
+    """One JSONL line -> messages in OpenAI form. Raises BadLine saying what is wrong."""
     require_choice("fmt", fmt, FORMATS)
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+        cut = "" if line.endswith("\n") else "; the line has no newline: is the file cut off?"
+        raise BadLine("invalid_json", f"invalid JSON ({e.msg} at column {e.colno}){cut}") \
+            from None
     if not isinstance(record, dict):
-        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        raise BadLine("not_object", f"expected a JSON object, got {type(record).__name__}")
     fmt = _detect_format(record) if fmt == "auto" else fmt
     key = _FORMAT_KEY[fmt]
     turns = record.get(key)
-    if not isinstance(turns, list) or not turns:
-        raise ValueError(f"format {fmt!r} needs a non-empty list under {key!r}, "
-                         f"got keys {sorted(record)}")
+    if turns is not None and not isinstance(turns, list):
+        raise BadLine("wrong_type", f"{key!r} is a {type(turns).__name__}, expected a list of "
+                                    f"turns")
+    if not turns:
+        raise BadLine("no_turns", f"format {fmt!r} needs a non-empty list under {key!r}, "
+                                  f"got keys {sorted(record)}")
     if fmt == "messages":
         messages = [_message(t, i, "role", "content", {r: r for r in ROLES})
                     for i, t in enumerate(turns)]
     else:
         messages = [_message(t, i, "from", "value", SHAREGPT_ROLES) for i, t in enumerate(turns)]
+    _check_order(messages)
     if not any(m["role"] == "assistant" for m in messages):
-        raise ValueError("no assistant turn: nothing to supervise")
+        raise BadLine("no_assistant", "no assistant turn: nothing to supervise")
     return messages
+
+
+def _check_order(messages: list[dict[str, Any]]) -> None:
+    """Turn orders no chat has. Repeated user or assistant turns are allowed (some data merges
+    or splits turns); what is refused would give the target a context it never saw."""
+    previous = None
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role == "system" and i > 0:
+            raise BadLine("role_order", f"turn {i} is a system turn after turn 0; the system "
+                                        f"prompt comes first")
+        if role == "assistant" and previous in (None, "system"):
+            raise BadLine("role_order", f"turn {i} is an assistant turn before any user turn")
+        if role == "tool" and previous not in ("assistant", "tool"):
+            raise BadLine("role_order", f"turn {i} is a tool result that follows "
+                                        f"{previous or 'nothing'}, not an assistant turn")
+        previous = role
 
 
 def _detect_format(record: dict[str, Any]) -> str:
     has = [fmt for fmt, key in _FORMAT_KEY.items() if key in record]
     if len(has) != 1:
-        raise ValueError(f"expected exactly one of the keys 'messages' (OpenAI) or "
-                         f"'conversations' (ShareGPT), got keys {sorted(record)}")
+        raise BadLine("no_turns", f"expected exactly one of the keys 'messages' (OpenAI) or "
+                                  f"'conversations' (ShareGPT), got keys {sorted(record)}")
     return has[0]
 
 
@@ -84,25 +109,29 @@ def _message(turn: Any, index: int, role_key: str, text_key: str,
              roles: dict[str, str]) -> dict[str, Any]:
     """Check one turn and map its role to the OpenAI name (human -> user, gpt -> assistant)."""
     if not isinstance(turn, dict):
-        raise ValueError(f"turn {index} is a {type(turn).__name__}, expected an object")
+        raise BadLine("bad_turn", f"turn {index} is a {type(turn).__name__}, expected an object")
     if role_key not in turn or text_key not in turn:
-        raise ValueError(f"turn {index} needs keys {role_key!r} and {text_key!r}, "
-                         f"got {sorted(turn)}")
+        raise BadLine("bad_turn", f"turn {index} needs keys {role_key!r} and {text_key!r}, "
+                                  f"got {sorted(turn)}")
     role, text = turn[role_key], turn[text_key]
     if text is None and turn.get("tool_calls"):  # OpenAI form: a pure tool call has no text
         text = ""
+    if not isinstance(role, str):
+        raise BadLine("wrong_type", f"turn {index} has a non-string {role_key!r} "
+                                    f"({type(role).__name__})")
     if role not in roles:
-        raise ValueError(f"turn {index} has {role_key}={role!r}; allowed: {sorted(roles)}")
+        raise BadLine("bad_role", f"turn {index} has {role_key}={role!r}; "
+                                  f"allowed: {sorted(roles)}")
     if not isinstance(text, str):
-        raise ValueError(f"turn {index} has a non-string {text_key!r} "
-                         f"({type(text).__name__})")
+        raise BadLine("wrong_type", f"turn {index} has a non-string {text_key!r} "
+                                    f"({type(text).__name__})")
     message = {"role": roles[role], "content": text}
     for key, kind in OPTIONAL_KEYS.items():
         if turn.get(key) is None:
             continue
         if not isinstance(turn[key], kind):
-            raise ValueError(f"turn {index} has a {type(turn[key]).__name__} {key!r}, expected "
-                             f"a {kind.__name__}")
+            raise BadLine("wrong_type", f"turn {index} has a {type(turn[key]).__name__} "
+                                        f"{key!r}, expected a {kind.__name__}")
         message[key] = turn[key]
     return message
 
@@ -111,15 +140,17 @@ def _decode(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
+        raise BadLine("not_utf8", f"not UTF-8 ({e.reason} at byte {e.start})") from None
 
 
 def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
-                       stats: Optional[DataStats] = None) -> Iterator[Conversation]:
+                       stats: Optional[DataStats] = None,
+                       max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Conversation]:
     """Yield the conversations of a JSONL file in line order.
 
-    ``stats`` (if given) counts lines read and bad lines skipped; skipped lines are also
-    reported in one warning when the file has been read to the end.
+    ``stats`` (if given) counts lines read and bad lines skipped, by kind; skipped lines are
+    also reported in one warning when the file has been read to the end. No line longer than
+    ``max_line_bytes`` is held in memory: the rest of it is read past and the line is bad.
     """
     require_choice("fmt", fmt, FORMATS)
     require_choice("on_bad_line", on_bad_line, ON_BAD_LINE)
@@ -127,20 +158,42 @@ def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
     skipped_before = stats.skipped_bad
     # Bytes, decoded per line: one badly encoded line is a bad line, not a failed file.
     with open(path, "rb") as f:
-        for index, raw in enumerate(f):
-            if not raw.strip():
+        for index, raw in enumerate(_lines(f, max_line_bytes)):
+            if isinstance(raw, bytes) and not raw.strip():
                 continue
             stats.lines_read += 1
             try:
+                if isinstance(raw, int):
+                    raise BadLine("too_long", f"line of {raw} bytes, over "
+                                              f"data.max_line_bytes={max_line_bytes}")
                 messages = parse_line(_decode(raw), fmt)
-            except ValueError as e:
-                bad = DataError(path, index + 1, str(e))
+            except BadLine as e:
+                bad = DataError(path, index + 1, str(e), e.kind)
                 if on_bad_line == "error":
                     raise bad from None
-                stats.record_bad(str(bad))
+                stats.record_bad(str(bad), e.kind)
                 continue
             yield Conversation(index, messages)
     skipped = stats.skipped_bad - skipped_before
     if skipped:
-        log.warning("skipped %d malformed line(s) of %s (on_bad_line=skip); first: %s",
-                    skipped, path, "; ".join(stats.bad_examples[:3]))
+        log.warning("skipped %d malformed line(s) of %s (on_bad_line=skip): %s; first: %s",
+                    skipped, path, stats.kinds_summary(), "; ".join(stats.bad_examples[:3]))
+
+
+def _lines(f: BinaryIO, max_bytes: int) -> Iterator[Union[bytes, int]]:
+    """Each line of ``f`` as bytes, or, for a line over ``max_bytes``, its length: it is read
+    past in bounded chunks, never held whole."""
+    while True:
+        line = f.readline(max_bytes + 1)
+        if not line:
+            return
+        if len(line) <= max_bytes or line.endswith(b"\n") and len(line) == max_bytes + 1:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = f.readline(1 << 20)
+            if not line:
+                break
+            size += len(line)
+        yield size - line.endswith(b"\n")  # bytes of the line itself

@@ -11,6 +11,7 @@ MAX_BAD_EXAMPLES = 5
 @dataclass
 class DataStats:
     lines_read: int = 0         # non-blank lines
+    conversations: int = 0      # lines that read and rendered: each gives >= 1 sample
     kept: int = 0               # samples (one per line, or per segment of a split line)
     dropped_too_short: int = 0  # fewer supervised tokens than the drafter needs
     skipped_bad: int = 0        # malformed lines, with on_bad_line="skip"
@@ -19,13 +20,20 @@ class DataStats:
     # drops old reasoning): each such line gives one sample per sequence the target saw.
     split_segments: int = 0
     bad_examples: list[str] = field(default_factory=list)
+    # Skipped lines by kind (pipeline.data.errors.KINDS); the counts sum to skipped_bad.
+    bad_by_kind: dict[str, int] = field(default_factory=dict)
 
-    def record_bad(self, reason: str) -> None:
+    def record_bad(self, reason: str, kind: str) -> None:
         self.skipped_bad += 1
+        self.bad_by_kind[kind] = self.bad_by_kind.get(kind, 0) + 1
         if len(self.bad_examples) < MAX_BAD_EXAMPLES:
             self.bad_examples.append(reason)
+
+    def kinds_summary(self) -> str:
+        return " ".join(f"{k}={n}" for k, n in sorted(self.bad_by_kind.items())) or "none"
 
     def summary(self) -> str:
         return (f"lines={self.lines_read} kept={self.kept} "
                 f"dropped_too_short={self.dropped_too_short} skipped_bad={self.skipped_bad} "
-                f"truncated={self.truncated} split_segments={self.split_segments}")
+                f"truncated={self.truncated} split_segments={self.split_segments}"
+                + (f" bad: {self.kinds_summary()}" if self.skipped_bad else ""))

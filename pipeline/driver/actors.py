@@ -74,7 +74,8 @@ class ActorGroup:
     def rendezvous(self) -> None:
         """Form the drafters' process group and open every ring in the drafters of its node."""
         master = ray.get(self.drafters[0].master_address.remote())
-        ray.get([d.init_group.remote(master.addr, master.port) for d in self.drafters])
+        timeout = self.job.cluster.collective_timeout_s
+        ray.get([d.init_group.remote(master.addr, master.port, timeout) for d in self.drafters])
         handles = ray.get([t.ring_handle.remote() for t in self.targets])
         ray.get([d.attach.remote([h for h, n in zip(handles, self.target_node)
                                   if n == self.drafter_node[i]])

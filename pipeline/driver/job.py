@@ -18,6 +18,7 @@ from pipeline.driver.actors import ActorGroup
 from pipeline.driver.cursor import Cursor
 from pipeline.driver.fingerprint import KEY as FINGERPRINT_KEY
 from pipeline.driver.fingerprint import check_data, data_fingerprint
+from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.launcher import check_cluster
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
@@ -31,6 +32,7 @@ from pipeline.training.plan import ResumePoint
 from pipeline.workers.messages import SavedState
 from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
+from pipeline.workers.eval_worker import EvalResult
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ class Driver:
         self._steps_reported = 0
         self._unreported: list[tuple[int, Callable[[], None]]] = []
         self._heldout: Optional[list[list[int]]] = None
+        self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
         c = self.job.cluster
@@ -89,12 +92,14 @@ class Driver:
         idle = self._nothing_to_do()
         if idle is not None:
             return idle
-        # Every actor of every node plus the prefetcher, each cpus_per_actor.
-        with ray_session(c.address, (c.num_targets + c.num_drafters + 1) * c.cpus_per_actor):
+        # Every actor of every node, the tau evaluator and the prefetcher: cpus_per_actor each.
+        with ray_session(c.address, (c.num_targets + c.num_drafters + 2) * c.cpus_per_actor):
             check_cluster(c, self.r.device)
             ckpt.clean_stale(self.out_dir)
-            with ActorGroup(self.job, self.r, self.resume) as actors:
+            with ActorGroup(self.job, self.r, self.resume) as actors, \
+                    TauEvaluator(self.job, self.r, self._prompts) as evaluator:
                 self.actors = actors
+                self.evaluator = evaluator
                 self._load_checkpoint(actors, self.resume_from, self.resume)
                 return self._run(actors, t_start)
 
@@ -310,11 +315,17 @@ class Driver:
 
     def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
                         step: int) -> AfterStepCall:
-        """Queue a tau evaluation of the weights after ``step`` on drafter rank 0."""
-        def done(tau: float) -> None:
-            metrics.log({"eval/tau": tau, "trainer/step": step}, step)
-            log.info("tau at step %d: %.3f", step, tau)
-        return AfterStepCall(self._tau_ref(actors), done)
+        """Evaluate the weights after ``step`` on the evaluator while training goes on; the
+        result is logged at ``step`` whenever it lands."""
+        def done(result: EvalResult) -> None:
+            if result.error:
+                log.warning("tau at step %d failed, training goes on: %s", step, result.error)
+                return
+            metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
+            log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
+                     result.tau, result.seconds)
+        assert self.evaluator is not None
+        return self.evaluator.behind_step(actors.drafters[0], step, done)
 
     def _stop_step(self, plan: PlanSummary) -> int:
         stop = self.job.train.plan.stop_at_step
@@ -336,13 +347,17 @@ class Driver:
 
     def _evaluate(self, actors: ActorGroup, metrics: MetricsLogger, step: int,
                   label: str) -> Optional[float]:
-        if self.job.train.eval.every < 0 or self.job.train.eval.prompts == 0:
+        assert self.evaluator is not None
+        result = self.evaluator.evaluate(actors.drafters[0], step)
+        if result is None:
             return None
-        tau = ray.get(self._tau_ref(actors))
-        metrics.log({"eval/tau": tau, "trainer/step": step}, step)
-        log.info("tau %s training: %.3f on %d held-out prompts", label, tau,
-                 len(self._prompts()))
-        return tau
+        if result.error:
+            log.warning("tau %s training failed: %s", label, result.error)
+            return None
+        metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
+        log.info("tau %s training: %.3f on %d held-out prompts", label, result.tau,
+                 result.num_prompts)
+        return result.tau
 
     def _prompts(self) -> list[list[int]]:
         if self._heldout is None:
@@ -355,7 +370,3 @@ class Driver:
                                             self.job.train.eval.prompts, self.job.data.format,
                                             self.job.data.enable_thinking)
         return self._heldout
-
-    def _tau_ref(self, actors: ActorGroup) -> Any:
-        return actors.drafters[0].evaluate_tau.remote(
-            self._prompts(), self.job.train.eval.max_new_tokens, self.r.eos_token_id)

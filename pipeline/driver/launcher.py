@@ -28,6 +28,13 @@ def check_cluster(cfg: ClusterConfig, device: str) -> None:
     if len(nodes) < cfg.num_nodes:
         raise ValueError(f"cluster.num_nodes={cfg.num_nodes} but the Ray cluster has "
                          f"{len(nodes)} live node(s): allowed 1..{len(nodes)}")
+    if cfg.placement_strategy != "STRICT_PACK" and len(nodes) > 1:
+        per_node = cfg.targets_per_node + cfg.drafters_per_node
+        raise ValueError(
+            f"cluster.placement_strategy={cfg.placement_strategy!r} may split a node's group "
+            f"of {per_node} actors across the {len(nodes)} nodes of this cluster, and a "
+            f"target's slot ring cannot be read from another node: allowed on a multi-node "
+            f"cluster: 'STRICT_PACK'")
     if device == "cuda":
         need = cfg.gpus_per_node
         gpus = sorted((int(n["Resources"].get("GPU", 0)) for n in nodes), reverse=True)
@@ -69,7 +76,10 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0) -> li
                 raise RuntimeError(f"placement group of {per_node} x {bundle} was not scheduled "
                                    f"in {timeout_s:.0f}s: check cluster.* against `ray status`")
             nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
-            groups[-1] = dataclasses.replace(groups[-1], node_id=sorted(nodes)[0])
+            if len(nodes) != 1:  # check_cluster refuses the layouts that allow this
+                raise RuntimeError(f"placement group {len(groups) - 1} spans nodes "
+                                   f"{sorted(nodes)}: its rings would cross nodes")
+            groups[-1] = dataclasses.replace(groups[-1], node_id=nodes.pop())
     except BaseException:
         remove_groups(groups)
         raise

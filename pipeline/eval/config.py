@@ -13,9 +13,14 @@ class EvalConfig:
     every: int = 0
     prompts: int = 16
     max_new_tokens: int = 64
+    # The evaluator is an actor of its own (it holds a full target). On CUDA it takes this
+    # fraction of a GPU; the cluster preset must leave that much free beside its groups.
+    gpus: float = 0.1
 
     def __post_init__(self) -> None:
         require(self.every >= -1, "train.eval.every", self.every, ">= -1")
         require(self.prompts >= 0, "train.eval.prompts", self.prompts, ">= 0 (0: no eval)")
         require(self.max_new_tokens >= 1, "train.eval.max_new_tokens", self.max_new_tokens,
                 ">= 1")
+        require(0 < self.gpus <= 1, "train.eval.gpus", self.gpus,
+                "in (0, 1]: a fraction of a GPU beside the training actors")

@@ -21,15 +21,19 @@ def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto",
 
     ``enable_thinking`` must be ``data.enable_thinking``: the prompts the drafter trained on.
     """
-    from pipeline.data import read_conversations
+    from pipeline.data import DataError, read_conversations
     from pipeline.data.template import prompt_ids
 
     prompts = []
     for conv in read_conversations(path, fmt=fmt, on_bad_line="error"):
         messages = conv.messages
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        prompts.append(prompt_ids(tokenizer, messages[:first],
-                                  enable_thinking=enable_thinking))
+        try:
+            prompts.append(prompt_ids(tokenizer, messages[:first],
+                                      enable_thinking=enable_thinking))
+        except Exception as e:  # a template error, which names no line
+            raise DataError(path, conv.line_index + 1, f"the chat template fails on the prompt "
+                            f"({type(e).__name__}: {e})", "template") from None
         if len(prompts) >= limit:
             break
     return prompts

@@ -24,6 +24,7 @@ import torch
 
 from pipeline.transport.ledger import SlotLedger, SlotState
 from pipeline.transport.messages import ProduceMeta, RingHandle, SlotAck, SlotReady
+from pipeline.transport.node import current_node_id
 from pipeline.transport.shared import BufferPayload, export_buffer, open_buffer
 
 # SlotLedger lives in its own torch-free module; it is re-exported as the ring's driver side.
@@ -45,7 +46,8 @@ class SlotRing:
         self.num_slots = num_slots
         self.slot_numel = slot_numel
         self.device = torch.device(device)
-        self.node_id = node_id
+        # The node the memory lives on; consumers on other nodes refuse the ring.
+        self.node_id = node_id if node_id is not None else current_node_id()
         # One allocation for all slots: one handle to share and one open per consumer.
         self._buffer: Optional[torch.Tensor] = torch.empty(num_slots * slot_numel, dtype=dtype,
                                                            device=self.device)
@@ -111,10 +113,17 @@ class SlotRing:
 
 
 class RingReader:
-    """Consumer side: opens each target's ring once and copies slots out of it."""
+    """Consumer side: opens each target's ring once and copies slots out of it.
 
-    def __init__(self, device: torch.device | str) -> None:
+    ``node_id`` is the node this reader runs on (None outside Ray). A ring whose handle names
+    another node is refused: CUDA IPC handles and shared-memory names mean nothing there (on a
+    simulated multi-node cluster on one machine the open would even succeed and hide the
+    mistake until a real cluster).
+    """
+
+    def __init__(self, device: torch.device | str, node_id: Optional[str] = None) -> None:
         self.device = torch.device(device)
+        self.node_id = node_id
         self._rings: dict[int, tuple[RingHandle, torch.Tensor]] = {}
 
     def attach(self, handle: RingHandle) -> None:
@@ -125,6 +134,12 @@ class RingReader:
         if handle.device_kind != self.device.type:
             raise ValueError(f"ring of target {handle.target_rank} lives on "
                              f"{handle.device_kind!r}, this reader on {self.device}")
+        if handle.node_id is not None and self.node_id is not None \
+                and handle.node_id != self.node_id:
+            raise ValueError(f"ring of target {handle.target_rank} lives on node "
+                             f"{handle.node_id}, this reader runs on node {self.node_id}: slot "
+                             f"rings cannot be opened across nodes (each node's targets feed "
+                             f"only that node's drafters)")
         buffer = open_buffer(handle.payload, self.device)
         assert buffer.numel() == handle.num_slots * handle.slot_numel
         self._rings[handle.target_rank] = (handle, buffer)

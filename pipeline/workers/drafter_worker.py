@@ -24,9 +24,11 @@ from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.training.state_io import load_state, save_state
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
+from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
 from pipeline.workers.messages import MicroBatch, MicroResult, SavedState, StepResult
+from pipeline.workers.weights import Weights, weights_of
 
 
 class DrafterWorker:
@@ -39,21 +41,22 @@ class DrafterWorker:
         self.rank = rank
         self.world_size = world_size
         self.device = actor_device(device)
-        self.target_path = target_path
         self.trainer = DrafterTrainer(spec, options, optim, seed, load_target_head(target_path),
                                       self.device.type, autocast_dtype, total_steps)
-        self.reader = RingReader(self.device)
+        # Rings of another node are refused: neither CUDA IPC nor shared memory crosses nodes.
+        self.reader = RingReader(self.device, node_id=current_node_id())
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)
         self.loaded: Optional[SlotReady] = None
         self.reducer: Optional[FlatReducer] = None
-        self._full_target = None
 
     # -- set-up ---------------------------------------------------------------------------
     def master_address(self) -> MasterAddress:
         return pick_master()
 
-    def init_group(self, addr: str, port: int) -> None:
-        init_group(self.rank, self.world_size, addr, port, backend_for(self.device))
+    def init_group(self, addr: str, port: int, timeout_s: float = 600.0) -> None:
+        """``timeout_s`` bounds every collective (cluster.collective_timeout_s)."""
+        init_group(self.rank, self.world_size, addr, port, backend_for(self.device),
+                   timeout_s=timeout_s)
         numel = sum(p.numel() for p in self.trainer.model.parameters())
         self.reducer = FlatReducer(numel, self.device)
 
@@ -118,16 +121,10 @@ class DrafterWorker:
     def export(self, out_dir: str, dtype: str) -> str:
         return str(save_drafter(self.trainer.model, Path(out_dir), dtype))
 
-    def evaluate_tau(self, prompts: list[list[int]], max_new_tokens: int,
-                     eos_token_id: Optional[int]) -> float:
-        """tau of this replica on ``prompts``; loads the full target here on first use."""
-        from pipeline.eval.tau import evaluate_tau, load_full_target
-
-        if self._full_target is None:
-            dtype = self.trainer.autocast_dtype or torch.float32
-            self._full_target = load_full_target(self.target_path, self.device.type, dtype)
-        return evaluate_tau(self._full_target, self.trainer.model, self.trainer.head, prompts,
-                            max_new_tokens, eos_token_id)
+    def weights(self) -> Weights:
+        """A CPU copy of this replica's weights for the tau evaluator (its own actor): queued
+        right behind a step, it is exactly the weights after that step."""
+        return weights_of(self.trainer.model)
 
     def close(self) -> None:
         """Close the opened rings and leave the process group (before the targets close)."""

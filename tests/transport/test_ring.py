@@ -100,6 +100,16 @@ def test_reader_refuses_unknown_rings_and_other_devices():
         RingReader("cuda").attach(ring.handle())
 
 
+def test_reader_refuses_a_ring_of_another_node():
+    ring = SlotRing(3, 2, 4, torch.float32, "cpu", node_id="node-a")
+    with pytest.raises(ValueError, match="ring of target 3 lives on node node-a, this reader "
+                                         "runs on node node-b: slot rings cannot be opened "
+                                         "across nodes"):
+        RingReader("cpu", node_id="node-b").attach(ring.handle())
+    RingReader("cpu", node_id="node-a").attach(ring.handle())  # its own node
+    RingReader("cpu").attach(ring.handle())  # outside Ray no node is known: nothing to check
+
+
 @pytest.mark.parametrize("num_slots, slot_numel", [(0, 4), (2, 0)])
 def test_ring_size_must_be_positive(num_slots, slot_numel):
     with pytest.raises(ValueError, match="expected >= 1"):

@@ -1,0 +1,99 @@
+"""The tau evaluator: its own actor, so an evaluation never holds up the training step.
+
+The driver asks drafter rank 0 for a copy of its weights right behind a step (a cheap call that
+the drafter runs in order, so the copy is exactly the weights after that step) and hands the
+returned ref to this worker. Ray resolves the ref here, out of the object store, while the
+drafters go on training; the driver logs the result at the step the weights belong to.
+
+The full target this worker needs is loaded on the first evaluation and kept for the next ones
+(it is this process's only job); :meth:`EvalWorker.close` frees it. Drafter rank 0 no longer
+keeps one, nor pauses the all-reduce of the other ranks for as long as an evaluation takes.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from pipeline.eval.tau import evaluate_tau, load_full_target
+from pipeline.model.config import DrafterSpec
+from pipeline.model.drafter import DFlashDrafter
+from pipeline.model.target import load_target_head
+from pipeline.workers.common import actor_device
+from pipeline.workers.weights import Weights
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class EvalResult:
+    """tau of the weights after ``step`` steps, and what the evaluation cost."""
+
+    step: int
+    tau: float
+    num_prompts: int
+    seconds: float
+    # Why the evaluation failed (tau is nan then): an eval that runs out of memory costs its
+    # figure, not the training job.
+    error: Optional[str] = None
+
+
+class EvalWorker:
+    def __init__(self, *, spec: DrafterSpec, target_path: str, device: str,
+                 target_dtype: torch.dtype, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: int, eos_token_id: Optional[int]) -> None:
+        """``target_dtype`` is what the drafter's own evaluation used: its autocast dtype, or
+        float32 when it trains in fp32. The drafter itself is evaluated in fp32, as trained."""
+        self.device = actor_device(device)
+        self.target_path = target_path
+        self.target_dtype = target_dtype
+        self.prompts = [list(p) for p in prompts]
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_id = eos_token_id
+        self.drafter: Optional[DFlashDrafter] = DFlashDrafter(spec).to(self.device)
+        self.head = load_target_head(target_path)
+        self._target: Optional[torch.nn.Module] = None
+
+    def evaluate(self, weights: Weights, step: int) -> EvalResult:
+        """tau of ``weights`` (a drafter's state dict) on the held-out prompts."""
+        assert self.drafter is not None, "evaluate after close"
+        t0 = time.perf_counter()
+        try:
+            tau = self._evaluate(weights)
+        except Exception as e:  # reported to the driver, which trains on without this figure
+            log.exception("tau after step %d failed", step)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return EvalResult(step=step, tau=math.nan, num_prompts=len(self.prompts),
+                              seconds=time.perf_counter() - t0,
+                              error=f"{type(e).__name__}: {e}")
+        seconds = time.perf_counter() - t0
+        log.info("tau after step %d: %.3f (%d prompts, %.1fs)", step, tau, len(self.prompts),
+                 seconds)
+        return EvalResult(step=step, tau=tau, num_prompts=len(self.prompts), seconds=seconds)
+
+    def _evaluate(self, weights: Weights) -> float:
+        if self._target is None:
+            self._target = load_full_target(self.target_path, self.device.type,
+                                            self.target_dtype)
+        self.drafter.load_state_dict(weights)
+        del weights  # the copy the object store handed us; the drafter holds its own now
+        return evaluate_tau(self._target, self.drafter, self.head, self.prompts,
+                            self.max_new_tokens, self.eos_token_id)
+
+    def holds_target(self) -> bool:
+        return self._target is not None
+
+    def close(self) -> None:
+        """Free the target and the drafter copy (the process may live on in Ray's pool)."""
+        self._target = None
+        self.drafter = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+

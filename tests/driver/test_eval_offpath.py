@@ -1,0 +1,164 @@
+"""tau evaluation off the critical path: its own actor, fed weights behind a step.
+
+Two promises: the evaluator computes the same tau as the old path (drafter rank 0 evaluating
+its own model) for the same weights, and the step loop trains on while an evaluation runs. The
+second is shown without timing: the evaluation is held by a file gate that only the last
+step's report opens, so a loop that waited for it would never get there.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pipeline.driver.compose import compose_job
+from pipeline.driver.evaluator import TauEvaluator
+from pipeline.driver.scheduler import StepLoop, StepReport, Topology
+from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.resolve import resolve_job
+from pipeline.transport.messages import ProduceMeta, SlotAck, SlotReady
+from pipeline.workers.eval_worker import EvalResult, EvalWorker
+from pipeline.workers.messages import MicroBatch, MicroBatchMeta, MicroResult, StepResult
+
+# -- 1. same tau as the old path -----------------------------------------------------------
+
+
+def test_evaluator_matches_drafter_rank0_evaluation(tiny_assets, tmp_path):
+    from transformers import AutoTokenizer
+
+    from pipeline.eval.tau import evaluate_tau, heldout_prompts, load_full_target
+    from pipeline.workers.drafter_worker import DrafterWorker
+
+    job = compose_job(["cluster.device=cpu", f"train.out_dir={tmp_path}"])
+    r = resolve_job(job)
+    tok = AutoTokenizer.from_pretrained(r.target_path)
+    prompts = heldout_prompts(r.heldout_path, tok, 3, enable_thinking=job.data.enable_thinking)
+    drafter = DrafterWorker(rank=0, world_size=1, spec=r.spec, options=job.drafter,
+                            optim=job.train.optim, seed=3, target_path=r.target_path,
+                            device="cpu", autocast_dtype=None, feature_dtype=torch.float32,
+                            feature_numel=8, total_steps=1)
+    with torch.no_grad():  # weights no fresh drafter has: the evaluator must use the sent ones
+        for p in drafter.trainer.model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    # The old path: rank 0 evaluated its own model with a full target it kept resident.
+    old = evaluate_tau(load_full_target(r.target_path, "cpu", torch.float32),
+                       drafter.trainer.model, drafter.trainer.head, prompts, 12, r.eos_token_id)
+
+    worker = EvalWorker(spec=r.spec, target_path=r.target_path, device="cpu",
+                        target_dtype=torch.float32, prompts=prompts, max_new_tokens=12,
+                        eos_token_id=r.eos_token_id)
+    result = worker.evaluate(drafter.weights(), step=7)
+    assert result == EvalResult(step=7, tau=old, num_prompts=3, seconds=result.seconds)
+    assert worker.holds_target()
+    # A failed evaluation is reported, not raised: it must not end the training job.
+    failed = worker.evaluate({"not_a_weight": torch.zeros(1)}, step=8)
+    assert failed.step == 8 and failed.tau != failed.tau  # nan
+    assert failed.error.startswith("RuntimeError: Error(s) in loading state_dict")
+    worker.close()  # frees what it loaded
+    assert not worker.holds_target() and worker.drafter is None
+
+
+# -- 2. the step loop does not wait for it -------------------------------------------------
+
+class Prefetcher:
+    def __init__(self, *, num_steps: int) -> None:
+        self.left = [(s, i) for s in range(num_steps) for i in range(2)]
+
+    def next_micro_batch(self):
+        if not self.left:
+            return None, None
+        step, index = self.left.pop(0)
+        meta = MicroBatchMeta(step=step, epoch=0, index=index, num_in_step=2,
+                              sample_ids=(2 * step + index,), shape=(1, 1))
+        ones = torch.ones(1, 1, dtype=torch.long)
+        return meta, MicroBatch(meta, ones, ones, torch.ones(1))
+
+
+class Target:
+    """Hands out slots without data: the loop's messages are all this test needs."""
+
+    def produce(self, slot: int, batch: MicroBatch) -> SlotReady:
+        meta = ProduceMeta(step=batch.meta.step, index=batch.meta.index, start_s=0.0,
+                           busy_s=0.0, on_main_thread=True)
+        return SlotReady(0, slot, (1, 1), batch.meta.sample_ids, meta)
+
+
+class Drafter:
+    """Its "weights" count the steps it took, so the evaluator shows which step it got."""
+
+    def __init__(self, *, rank: int) -> None:
+        self.rank, self.steps_done = rank, 0
+
+    def load(self, ready: SlotReady) -> SlotAck:
+        return SlotAck(ready.target_rank, ready.slot)
+
+    def forward_backward(self, batch: MicroBatch) -> MicroResult:
+        return MicroResult(drafter=self.rank, step=batch.meta.step, epoch=0,
+                           sample_ids=batch.meta.sample_ids, numerator=1.0, denominator=1.0,
+                           correct=(), total=(), tokens=0, start_s=0.0, busy_s=0.0,
+                           on_main_thread=True)
+
+    def step(self, step: int) -> StepResult:
+        self.steps_done += 1
+        return StepResult(drafter=self.rank, step=step, denominator=1.0, grad_norm=0.0, lr=0.0,
+                          start_s=0.0, busy_s=0.0, reduce_start_s=0.0, reduce_s=0.0,
+                          max_memory_bytes=0, param_checksum=0.0, on_main_thread=True,
+                          cudagraph_skips=0)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {"steps_done": torch.tensor(self.steps_done)}
+
+
+class GatedEvaluator:
+    """Evaluates only once the gate file exists (or gives up, so a broken loop fails)."""
+
+    def __init__(self, *, gate: str) -> None:
+        self.gate = Path(gate)
+
+    def evaluate(self, weights: dict[str, torch.Tensor], step: int) -> Optional[EvalResult]:
+        deadline = time.monotonic() + 120
+        while not self.gate.exists():
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        return EvalResult(step=step, tau=float(weights["steps_done"]), num_prompts=0,
+                          seconds=0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_step_loop_trains_on_while_an_evaluation_runs(ray_session, tmp_path):
+    where = Placement(cpus=0.1)
+    gate = tmp_path / "gate"
+    drafters = [start_actor(Drafter, where, rank=d) for d in range(2)]
+    prefetcher = start_actor(Prefetcher, where, num_steps=6)
+    target = start_actor(Target, where)
+    topo = Topology(prefetcher, [target], drafters, [0], [0, 0], num_slots=2)
+    job = compose_job(["train.eval.every=2"])
+    evaluator = TauEvaluator(job, resolved=None, prompts=list)
+    evaluator.actor = start_actor(GatedEvaluator, where, gate=str(gate))
+    events: list[tuple[str, int]] = []
+
+    def on_step(report: StepReport) -> None:
+        events.append(("step", report.step + 1))
+        if report.step + 1 == 6:
+            gate.touch()  # only now may the evaluation after step 2 finish
+
+    def on_eval(result: Optional[EvalResult]) -> None:
+        assert result is not None, "the step loop waited for the evaluation"
+        events.append(("eval", result.step))
+        assert result.tau == result.step, "the evaluator got weights of another step"
+
+    def after_step(step: int):
+        return [evaluator.behind_step(drafters[0], step + 1, on_eval)] if step + 1 == 2 else []
+
+    try:
+        StepLoop(topo, end_step=6, on_step=on_step, after_step=after_step).run()
+    finally:
+        evaluator.close()
+        kill_actors([prefetcher, target, *drafters])
+    assert events == [("step", s) for s in range(1, 7)] + [("eval", 2)]
