@@ -103,8 +103,8 @@ class Drafter:
 
     def step(self, step: int) -> StepResult:
         self.steps_done += 1
-        return StepResult(drafter=self.rank, step=step, denominator=1.0, grad_norm=0.0, lr=0.0,
-                          start_s=0.0, busy_s=0.0, reduce_start_s=0.0, reduce_s=0.0,
+        return StepResult(drafter=self.rank, step=step, denominator=1.0, grad_norm=0.0,
+                          skipped=False, lr=0.0, start_s=0.0, busy_s=0.0, reduce_start_s=0.0, reduce_s=0.0,
                           max_memory_bytes=0, param_checksum=0.0, on_main_thread=True,
                           cudagraph_skips=0)
 
