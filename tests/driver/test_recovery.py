@@ -112,6 +112,17 @@ class _Peer:
         return 1
 
 
+def _wait_dead(actor, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers")
+
+
 def test_a_peer_error_is_traced_to_the_dead_actor_even_with_nothing_pending(ray_session):
     """A survivor's task error comes first; the dead actor has no call pending: the probe
     finds it. A task error with every actor alive is a bug, not a loss."""
@@ -125,6 +136,7 @@ def test_a_peer_error_is_traced_to_the_dead_actor_even_with_nothing_pending(ray_
         assert lost_actor(err.value, [], names, [alive, dead], grace_s=20) is None
         ray.get(dead.ping.remote())
         ray.kill(dead)
+        _wait_dead(dead)  # ray.kill is asynchronous: a probe sent at once may still succeed
         assert lost_actor(err.value, [], names, [alive, dead], grace_s=20) == "drafter 1"
         assert lost_actor(ValueError("a bug"), [], names, [alive, dead]) is None
     finally:
