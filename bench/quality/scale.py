@@ -30,6 +30,7 @@ class Scale:
     head_dim: int = 64
     intermediate_size: int = 2048
     max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
     seq_len: int = 1024  # tokens per training sequence, chat markup included
     user_tokens: tuple[int, int] = (16, 256)  # prefix given as the user turn, drawn per batch
     batch_size: int = 64

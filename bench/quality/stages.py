@@ -19,10 +19,11 @@ from bench.quality.overrides import trainer_overrides
 from bench.quality.prompts import write_prompts
 from bench.quality.runs import Curves, read_pipeline, read_single
 from bench.quality.scale import Scale
-from bench.quality.target import ChatWindows, build_model, heldout_loss, train
+from bench.quality.target import ChatWindows, heldout_loss, train
 from bench.quality.tokens import encode_stream, train_tokenizer
 from pipeline.assets.chat_data import answer_stats
 from pipeline.assets.generate import Continuation
+from pipeline.assets.target import build_target
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def corpus_and_tokenizer(scale: Scale) -> tuple[object, dict[str, torch.Tensor],
 
 def target(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Paths) -> dict:
     torch.manual_seed(scale.seed)
-    model = build_model(scale, tokenizer)
+    model = build_target(scale, tokenizer)
     run = train(model, ChatWindows(tokenizer, streams["train"], scale, scale.seed), scale)
     loss = heldout_loss(model, ChatWindows(tokenizer, streams["heldout"], scale,
                                            scale.seed + 1), scale)

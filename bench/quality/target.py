@@ -38,20 +38,6 @@ class TargetRun:
     heldout_loss: float = float("nan")
 
 
-def build_model(scale: Scale, tokenizer):
-    """A freshly initialised Qwen3 (seed torch before calling)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=scale.hidden_size,
-        intermediate_size=scale.intermediate_size, num_hidden_layers=scale.num_layers,
-        num_attention_heads=scale.num_heads, num_key_value_heads=scale.num_kv_heads,
-        head_dim=scale.head_dim, max_position_embeddings=scale.max_position_embeddings,
-        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return Qwen3ForCausalLM(config)
-
-
 class ChatWindows:
     """Batches of chat-formed windows of a token stream, as described in the module doc."""
 

@@ -22,7 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def build_target(recipe: TinyRecipe, tokenizer):
-    """A freshly initialised Qwen3ForCausalLM sized by the recipe (seed it before calling)."""
+    """A freshly initialised Qwen3ForCausalLM sized by the recipe (seed it before calling).
+
+    Any record with the recipe's size fields will do (bench/quality's Scale uses it too).
+    """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
