@@ -44,7 +44,10 @@ class ClusterConfig:
     # CPU cores Ray reserves per actor (a CPU run on a laptop wants fractions).
     cpus_per_actor: float = 1.0
     # GPUs Ray reserves per actor on CUDA. Fractions co-locate actors on one GPU (0.5: a target
-    # and a drafter share a device, with CUDA IPC between their processes on it).
+    # and a drafter share a device, with CUDA IPC between their processes on it). Ray picks
+    # each actor's GPU, so at <= 0.5 (two actors fit on a GPU) a node may hold one drafter
+    # only: two drafters on a GPU are refused by NCCL. Each node's actors, and the evaluator
+    # (train.eval.gpus), must pack onto its whole GPUs (checked before any actor starts).
     gpus_per_actor: float = 1.0
     # STRICT_PACK keeps each node's group on one node. PACK may split a group across nodes,
     # which slot rings cannot span, so it is refused on a cluster of more than one node.
@@ -75,8 +78,9 @@ class ClusterConfig:
         return self.num_nodes * self.targets_per_node
 
     @property
-    def gpus_per_node(self) -> float:
-        return (self.targets_per_node + self.drafters_per_node) * self.gpus_per_actor
+    def actors_per_node(self) -> int:
+        """The bundles of one node's placement group: its targets and drafters."""
+        return self.targets_per_node + self.drafters_per_node
 
 
 @dataclass

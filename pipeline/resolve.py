@@ -2,12 +2,17 @@
 
 This runs in the driver (or the single-process trainer) before any actor starts, so a bad
 path, tap id or mask token stops the job with a message naming the config key.
+
+The device is where the actors run, which for the driver is the Ray cluster, not the host the
+driver runs on: the driver resolves early with this host's guess (so paths are checked before
+Ray starts), and again once Ray is up when :func:`cluster_device` decides otherwise from the
+cluster's nodes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -31,8 +36,27 @@ class ResolvedJob:
 
 
 def resolve_device(requested: str) -> str:
+    """This process's device: right for the single-process trainer, a guess for the driver."""
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def cluster_device(requested: str, node_resources: Sequence[Mapping[str, float]]) -> str:
+    """``cluster.device`` decided from the resources of the cluster's live nodes.
+
+    A driver on a CPU head submitting to GPU workers must train on CUDA, and one on a GPU
+    host submitting to a CPU cluster on CPU: auto means cuda when any node has a GPU.
+    An explicit choice is kept, but cuda on a cluster without a GPU is refused here rather
+    than as a placement group that never gets scheduled.
+    """
+    has_gpu = any(resources.get("GPU", 0) > 0 for resources in node_resources)
+    if requested == "auto":
+        return "cuda" if has_gpu else "cpu"
+    if requested == "cuda" and not has_gpu:
+        raise ValueError(f"cluster.device='cuda' is not allowed: none of the Ray cluster's "
+                         f"{len(node_resources)} live node(s) has a GPU; expected 'cpu' or "
+                         f"'auto' (or a cluster.address whose nodes have GPUs)")
     return requested
 
 

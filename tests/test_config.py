@@ -9,6 +9,7 @@ from hydra.errors import ConfigCompositionException
 
 from pipeline.driver.compose import CONF_DIR, compose_job
 from pipeline.driver.job import Driver
+from pipeline.driver.launcher import check_gpu_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,3 +99,26 @@ def test_cfg_job_prints_the_resolved_config():
                           "drafter.num_layers=3"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert "num_layers: 3" in out and "drafters_per_node: 2" in out
+
+
+# The GPUs per node each cluster preset is meant for (local: CPU, or a GPU per actor plus one
+# for the evaluator).
+PRESET_GPUS = {"local": [4], "node8": [8], "one_gpu": [1]}
+
+
+def test_every_cluster_preset_says_which_gpus_it_is_meant_for():
+    assert set(PRESET_GPUS) == {p.stem for p in (CONF_DIR / "cluster").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("config_name", ["config", "qwen3_8b"])
+@pytest.mark.parametrize("cluster", sorted(PRESET_GPUS))
+def test_cluster_presets_pack_onto_the_gpus_they_are_meant_for(config_name, cluster):
+    job = compose_job([f"cluster={cluster}"], config_name=config_name)
+    check_gpu_layout(job.cluster, job.train.eval, PRESET_GPUS[cluster])  # eval on in both
+
+
+def test_one_gpu_with_two_drafters_is_refused_before_any_actor():
+    job = compose_job(["cluster=one_gpu", "cluster.drafters_per_node=2"])
+    with pytest.raises(ValueError, match=r"cluster.drafters_per_node=2 .*cluster.gpus_per_"
+                                         r"actor=0.45"):
+        check_gpu_layout(job.cluster, job.train.eval, [1])

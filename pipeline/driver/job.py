@@ -66,7 +66,7 @@ class Driver:
     def __init__(self, job: JobConfig) -> None:
         self.job = job
         check_wandb(job.logger)
-        self.r = resolve_job(job)
+        self.r = resolve_job(job)  # early, paths checked; run() re-decides the device
         self.out_dir = Path(job.train.out_dir)
         self.fingerprint = data_fingerprint(self.r.train_path)
         self.resume_from = ckpt.resolve_resume(job.train.checkpoint.resume, self.out_dir)
@@ -94,7 +94,9 @@ class Driver:
             return idle
         # Every actor of every node, the tau evaluator and the prefetcher: cpus_per_actor each.
         with ray_session(c.address, (c.num_targets + c.num_drafters + 2) * c.cpus_per_actor):
-            check_cluster(c, self.r.device)
+            device = check_cluster(c, self.job.train.eval)
+            if device != self.r.device:  # the cluster's nodes decide, not this host's
+                self.r = resolve_job(self.job, device=device)
             ckpt.clean_stale(self.out_dir)
             with ActorGroup(self.job, self.r, self.resume) as actors, \
                     TauEvaluator(self.job, self.r, self._prompts) as evaluator:
