@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from bench.quality import proc
+from bench.quality.clock import StageClock
 from bench.quality.corpus import load_corpus
 from bench.quality.overrides import trainer_overrides
 from bench.quality.prompts import write_prompts
@@ -98,7 +99,8 @@ def target(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Pat
                              "loss_curve": run.losses}}
 
 
-def data(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Paths) -> dict:
+def data(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Paths,
+         clock: StageClock) -> dict:
     """One regenerate call answers training prompts then held-out ones; split afterwards."""
     n_train = write_prompts(str(paths.prompts), tokenizer, streams["train"],
                             scale.num_train_prompts, scale.prompt_tokens, scale.seed + 2)
@@ -113,15 +115,19 @@ def data(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Paths
         "--output", str(paths.regenerated), "--target", str(paths.target),
         "--device", scale.device, "--batch-size", str(scale.regen_batch_size),
         "--max-new-tokens", str(scale.max_new_tokens), "--num-workers", "1",
-        "--cpus-per-worker", "1"], paths.log("regenerate"), scale.regen_budget_s)
+        "--cpus-per-worker", "1"], paths.log("regenerate"), scale.regen_budget_s,
+        clock.hard_limit_s(scale.regen_budget_s))
     if finished.returncode != 0:
-        raise RuntimeError(f"pipeline.regenerate failed (exit {finished.returncode}); "
-                           f"see {finished.log_path}")
+        why = (f"stopped at its hard limit of {finished.limit_s:.0f} s (budget "
+               f"{finished.budget_s:.0f} s; raise regen_budget_s in bench/quality/scale.py)"
+               if finished.stopped else f"failed (exit {finished.returncode})")
+        raise RuntimeError(f"pipeline.regenerate {why}; see {finished.log_path}")
     stats = _split_regenerated(paths, n_train)
     # How repetitive the target's answers are: what a drafter can exploit.
     stats["heldout_answers"] = _answer_stats(tokenizer, paths.heldout_data)
     log.info("data: %s", stats)
-    return {"data": stats, "regenerate_wall_s": round(finished.wall_s, 1)}
+    return {"data": stats, "regenerate_wall_s": round(finished.wall_s, 1),
+            "regenerate": finished.report()}
 
 
 def _split_regenerated(paths: Paths, n_train: int) -> dict:
@@ -156,12 +162,14 @@ def _answer_stats(tokenizer, path: Path) -> dict:
 @dataclass
 class TrainerResult:
     curves: Curves
-    wall_s: float
-    returncode: int
-    timed_out: bool
+    run: proc.Finished
+
+    @property
+    def wall_s(self) -> float:
+        return self.run.wall_s
 
 
-def drafters(scale: Scale, paths: Paths) -> dict[str, TrainerResult]:
+def drafters(scale: Scale, paths: Paths, clock: StageClock) -> dict[str, TrainerResult]:
     """``pipeline.train`` and ``pipeline.train_single`` on the same data, config and steps."""
     modules = {"pipeline": "pipeline.train", "reference": "pipeline.train_single"}
     jobs = {}
@@ -169,7 +177,8 @@ def drafters(scale: Scale, paths: Paths) -> dict[str, TrainerResult]:
         args = ["-m", module, *trainer_overrides(
             scale, str(paths.target), str(paths.train_data), str(paths.heldout_data),
             str(paths.run_dir(name)))]
-        jobs[name] = proc.start(name, args, paths.log(name), scale.train_budget_s)
+        jobs[name] = proc.start(name, args, paths.log(name), scale.train_budget_s,
+                                clock.hard_limit_s(scale.train_budget_s))
         if not scale.concurrent_trainers:
             jobs[name] = proc.wait(jobs[name])
     results = {}
@@ -178,7 +187,7 @@ def drafters(scale: Scale, paths: Paths) -> dict[str, TrainerResult]:
         run_dir = paths.run_dir(name)
         curves = (read_pipeline(run_dir) if name == "pipeline"
                   else read_single(run_dir, done.log_path))
-        results[name] = TrainerResult(curves, done.wall_s, done.returncode, done.timed_out)
+        results[name] = TrainerResult(curves, done)
         log.info("%s: %d steps logged, tau %s, exit %s in %.0f s", name, len(curves.steps),
                  list(zip(curves.tau_steps, [round(t, 3) for t in curves.tau])),
                  done.returncode, done.wall_s)
@@ -192,5 +201,5 @@ def trainer_summary(results: dict[str, TrainerResult]) -> dict:
                    "final_loss": r.curves.loss[-1] if r.curves.loss else None,
                    "final_position_accuracy": [round(a, 4) for a in
                                                r.curves.final_position_accuracy()],
-                   "wall_s": round(r.wall_s, 1), "returncode": r.returncode,
-                   "timed_out": r.timed_out} for name, r in results.items()}
+                   "returncode": r.run.returncode,
+                   **r.run.report()} for name, r in results.items()}
