@@ -25,10 +25,28 @@ _PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DI
              "NCCL_DEBUG", "WANDB_MODE")
 
 
+# Compiled graphs and kernels are cached on disk and reused by every later process: a
+# restarted drafter or a resumed job skips Inductor's code generation and Triton's autotuning
+# (minutes at the 8B shape). The folder outlives /tmp cleaners and reboots; set
+# TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR to put it elsewhere (e.g. a node-local disk).
+_COMPILE_CACHE = Path("~/.cache/dflash-pipeline/torch-compile").expanduser()
+_CACHE_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+
+def compile_cache_env() -> dict[str, str]:
+    """Where every actor keeps its compile caches (the caller's own settings win)."""
+    env = dict(_CACHE_ENV)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(_COMPILE_CACHE / "inductor")
+    env["TRITON_CACHE_DIR"] = str(_COMPILE_CACHE / "triton")
+    env.update({k: os.environ[k] for k in (*env, "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+                if k in os.environ})
+    return env
+
+
 def actor_env() -> dict[str, str]:
     root = str(Path(pipeline.__file__).resolve().parent.parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path}
+    env = {"PYTHONPATH": path, **compile_cache_env()}
     env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
     return env
 

@@ -109,6 +109,34 @@ class ActorGroup:
             raise
         return plan
 
+    def restart_after_loss(self, lost: str, resume: Optional[ResumePoint]) -> PlanSummary:
+        """Restart what a lost actor takes down; load the checkpoint after this.
+
+        A lost drafter restarts the drafters only: the survivors may sit in an all-reduce that
+        never completes and the process group must be formed again, but the targets (the
+        slowest to load) and their rings are intact, and the prefetcher only re-plans from
+        ``resume``. A lost target or prefetcher restarts the whole set: a ring whose producer
+        died must never be read again.
+        """
+        if lost not in self.drafter_names():
+            return self.restart(resume, after_failure=True)
+        kill_actors(self.drafters)
+        self.drafters, self.drafter_node = [], []
+        self.resume = resume
+        try:
+            self.plan = plan = ray.get(self.prefetcher.replan.remote(resume))
+            for n, group in enumerate(self.groups):
+                self._start_drafters(n, group, plan)
+            self.rendezvous()
+        except BaseException:
+            self.close()
+            raise
+        return plan
+
+    def drafter_names(self) -> set[str]:
+        ids = {h._actor_id.hex() for h in self.drafters}
+        return {name for actor_id, name in self.names().items() if actor_id in ids}
+
     @staticmethod
     def _close_each(handles: list[Any], timeout_s: float) -> None:
         refs = [h.close.remote() for h in handles]
@@ -154,6 +182,11 @@ class ActorGroup:
     def micro_batches_per_step(self) -> int:
         return self.job.cluster.num_drafters * self.job.train.plan.grad_accum
 
+    @property
+    def _slot_numel(self) -> int:
+        """A slot holds the largest micro-batch's features: [micro_batch, max_length, taps*H]."""
+        return self.job.data.micro_batch_size * self.job.data.max_length * self.r.spec.feature_size
+
     # -- starting ---------------------------------------------------------------------------
     def _start_prefetcher(self) -> Any:
         job, r, plan = self.job, self.r, self.job.train.plan
@@ -168,21 +201,25 @@ class ActorGroup:
 
     def _start_node(self, n: int, group: NodeGroup, plan: PlanSummary) -> None:
         """Node ``n``'s targets (bundles first) and drafters; ranks are node-contiguous."""
-        job, r, c = self.job, self.r, self.job.cluster
-        slot_numel = job.data.micro_batch_size * job.data.max_length * r.spec.feature_size
+        r, c = self.r, self.job.cluster
         for i in range(c.targets_per_node):
             self.targets.append(start_actor(
                 TargetWorker, group.placement(i), rank=len(self.targets),
                 target_path=r.target_path, tap_ids=r.spec.target_layer_ids, device=r.device,
-                dtype=r.target_dtype, num_slots=c.num_slots, slot_numel=slot_numel,
+                dtype=r.target_dtype, num_slots=c.num_slots, slot_numel=self._slot_numel,
                 node_id=group.node_id, compile=self.job.target.compile))
             self.target_node.append(n)
+        self._start_drafters(n, group, plan)
+
+    def _start_drafters(self, n: int, group: NodeGroup, plan: PlanSummary) -> None:
+        job, r, c = self.job, self.r, self.job.cluster
         for i in range(c.drafters_per_node):
+            rank = n * c.drafters_per_node + i
             self.drafters.append(start_actor(
                 DrafterWorker, group.placement(c.targets_per_node + i),
-                rank=len(self.drafters), world_size=c.num_drafters, spec=r.spec,
+                rank=rank, world_size=c.num_drafters, spec=r.spec,
                 options=job.drafter, optim=job.train.optim, seed=job.train.seed,
                 target_path=r.target_path, device=r.device, autocast_dtype=r.autocast_dtype,
-                feature_dtype=r.target_dtype, feature_numel=slot_numel,
+                feature_dtype=r.target_dtype, feature_numel=self._slot_numel,
                 total_steps=plan.end_step))
             self.drafter_node.append(n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,7 +30,7 @@ from pipeline.driver.trace import TraceRecorder
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.training.plan import ResumePoint
-from pipeline.workers.messages import SavedState
+from pipeline.training.async_save import SaveDone
 from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult
@@ -84,6 +85,9 @@ class Driver:
         self._steps_reported = 0
         self._unreported: list[tuple[int, Callable[[], None]]] = []
         self._heldout: Optional[list[list[int]]] = None
+        # Checkpoint writes in flight: drafter.pt path -> (staging folder, resume point).
+        self._saves: dict[str, tuple[Path, ResumePoint]] = {}
+        self.checkpoint_stalls: list[float] = []  # seconds each save held drafter rank 0
         self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
@@ -134,9 +138,10 @@ class Driver:
             return summary
         metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
         try:
-            if self.resume is None:
-                summary.tau_before = self._evaluate(actors, metrics, 0, "before")
-            self._train_recovering(actors, metrics, summary)
+            # tau before training runs beside the first steps, not ahead of them.
+            start_calls = [self._tau_before(actors, metrics, summary)] \
+                if self.resume is None and self.evaluator.enabled else []
+            self._train_recovering(actors, metrics, summary, start_calls)
             summary.export_dir = ray.get(actors.drafters[0].export.remote(
                 str(self.out_dir / "export"), job.train.export_dtype))
             summary.tau_after = self._evaluate(actors, metrics, summary.end_step, "after")
@@ -151,13 +156,13 @@ class Driver:
         return summary
 
     def _train_recovering(self, actors: ActorGroup, metrics: MetricsLogger,
-                          summary: RunSummary) -> None:
+                          summary: RunSummary, start_calls: list[AfterStepCall]) -> None:
         """Train; after a lost actor, restart the set from the last checkpoint and go on."""
         plan = actors.plan  # this job's plan: the accounting counts its samples per epoch
         accounting = SampleAccounting(plan.sample_ids)
         while True:
             try:
-                return self._train(actors, plan, accounting, metrics, summary)
+                return self._train(actors, plan, accounting, metrics, summary, start_calls)
             except RayError as exc:
                 seen = time.time()
                 pending = self._loop.pending if self._loop is not None else {}
@@ -171,6 +176,7 @@ class Driver:
                     raise
                 self._restart(actors, Recovery(name, seen, 0, None), accounting, metrics,
                               summary)
+                start_calls = []  # a call in flight on the lost set is not collected again
 
     def _restart(self, actors: ActorGroup, recovery: Recovery, accounting: SampleAccounting,
                  metrics: MetricsLogger, summary: RunSummary) -> None:
@@ -181,7 +187,8 @@ class Driver:
         summary.restarts.append(recovery)
         log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
                   self.job.train.recovery.max_restarts)
-        actors.restart(point, after_failure=True)
+        self._saves.clear()  # writes in flight died with drafter rank 0
+        actors.restart_after_loss(recovery.actor, point)
         self._load_checkpoint(actors, path, point)
         recovery.restarted_at = time.time()
         log.info("actor set restarted %.1fs after the loss", recovery.restarted_at
@@ -196,7 +203,8 @@ class Driver:
         metrics.log({"recovery/restarts": len(summary.restarts), "trainer/step": step}, step)
 
     def _train(self, actors: ActorGroup, job_plan: PlanSummary, accounting: SampleAccounting,
-               metrics: MetricsLogger, summary: RunSummary) -> None:
+               metrics: MetricsLogger, summary: RunSummary,
+               start_calls: list[AfterStepCall]) -> None:
         plan = actors.plan
         cursor = Cursor(plan, actors.resume)
         stop = summary.end_step
@@ -214,6 +222,9 @@ class Driver:
                          recovery.actor)
             for m in report.micro:
                 accounting.add(m.epoch, m.sample_ids, report.step)
+            for result in report.results:
+                for done in result.saves:
+                    self._on_saved(done, summary)
             self._check_replicas(report, summary)
             row = step_metrics(report, len(actors.targets))
             row["trainer/step"] = report.step + 1
@@ -247,9 +258,13 @@ class Driver:
                 calls.append(self._save_async(actors, cursor, summary, step))
             return calls
 
-        self._loop = StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step)
+        self._loop = StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step,
+                              start_calls=start_calls)
         try:
             self._loop.run()
+            # The last checkpoint counts once its background write is verified.
+            for done in ray.get(actors.drafters[0].wait_saves.remote()):
+                self._on_saved(done, summary)
         except NonFiniteError as exc:
             saved = self._save_now(actors, cursor, summary)
             raise NonFiniteError(f"{exc}. The last good state is saved in {saved}: its "
@@ -279,35 +294,51 @@ class Driver:
     def _save_now(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary) -> Path:
         """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
         staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
-        saved: SavedState = ray.get(actors.drafters[0].save_checkpoint.remote(str(staging)))
-        return self._finalize(staging, cursor.after(saved.steps_done - 1), saved, summary)
+        drafter = actors.drafters[0]
+        ray.get(drafter.wait_saves.remote())  # a write still in flight is superseded
+        ray.get(drafter.save_checkpoint.remote(str(staging)))
+        (done,) = ray.get(drafter.wait_saves.remote())
+        if done.error is not None:
+            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}")
+        return self._finalize(staging, cursor.after(done.steps_done - 1), done, summary)
 
-    def _finalize(self, staging: Path, point: ResumePoint, saved: SavedState,
+    def _finalize(self, staging: Path, point: ResumePoint, saved: SaveDone,
                   summary: RunSummary) -> Path:
         assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"
+        assert saved.record is not None
         extra = {"drafter_config": self.r.spec.hf_config, "job": asdict(self.job),
                  FINGERPRINT_KEY: self.fingerprint}
         final = ckpt.finalize(staging, point, [saved.record], extra,
                               self.job.train.checkpoint.keep_last)
         summary.checkpoints.append(str(final))
         self.last_checkpoint = final
-        log.info("checkpoint %s", final)
+        log.info("checkpoint %s (held training %.2fs, written and verified in %.1fs beside "
+                 "it)", final, saved.snapshot_s, saved.write_s)
         return final
 
     def _save_async(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary,
                     step: int) -> AfterStepCall:
-        """Queue a checkpoint on drafter rank 0 right behind step ``step``."""
+        """Queue a checkpoint on drafter rank 0 right behind step ``step``: it snapshots its
+        state to host memory and writes it in the background (see :meth:`_on_saved`)."""
         staging = ckpt.staging_dir(self.out_dir, step + 1)
+        self._saves[str(staging / "drafter.pt")] = (staging, cursor.after(step))
         ref = actors.drafters[0].save_checkpoint.remote(str(staging))
-        point = cursor.after(step)
 
-        def done(saved: SavedState) -> None:
-            # Renamed into place only once its step is reported: a restart resumes from the
-            # newest checkpoint, and the accounting must already hold every step it covers.
-            self._unreported.append((point.step, lambda: self._finalize(staging, point, saved,
-                                                                        summary)))
-            self._finalize_reported()
-        return AfterStepCall(ref, done)
+        def held(seconds: float) -> None:
+            self.checkpoint_stalls.append(seconds)
+        return AfterStepCall(ref, held)
+
+    def _on_saved(self, done: SaveDone, summary: RunSummary) -> None:
+        """A background write finished: the checkpoint counts once its step is reported."""
+        staging, point = self._saves.pop(done.path)
+        if done.error is not None:
+            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
+                               f"previous checkpoint ({self.last_checkpoint}) is intact")
+        # Renamed into place only once its step is reported: a restart resumes from the
+        # newest checkpoint, and the accounting must already hold every step it covers.
+        self._unreported.append((point.step, lambda: self._finalize(staging, point, done,
+                                                                    summary)))
+        self._finalize_reported()
 
     def _finalize_reported(self) -> None:
         ready = [(s, f) for s, f in self._unreported if s <= self._steps_reported]
@@ -328,6 +359,17 @@ class Driver:
                      result.tau, result.seconds)
         assert self.evaluator is not None
         return self.evaluator.behind_step(actors.drafters[0], step, done)
+
+    def _tau_before(self, actors: ActorGroup, metrics: MetricsLogger,
+                    summary: RunSummary) -> AfterStepCall:
+        """tau of the untrained drafter: its weights are copied ahead of step 1 and evaluated
+        while training runs."""
+        call = self._evaluate_async(actors, metrics, 0)
+
+        def done(result: EvalResult) -> None:
+            call.on_done(result)
+            summary.tau_before = None if result.error else result.tau
+        return dataclasses.replace(call, on_done=done)
 
     def _stop_step(self, plan: PlanSummary) -> int:
         stop = self.job.train.plan.stop_at_step

@@ -8,6 +8,7 @@ is kept in the out_dir).
 from __future__ import annotations
 
 import json
+import time
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -29,7 +30,8 @@ class MetricsLogger:
             self.run = _start_wandb(job, out_dir, resumed)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.sink.write(json.dumps({"step": step, **metrics}) + "\n")
+        # Wall-clock time on every row: start-up, stalls and restarts read straight off it.
+        self.sink.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
         self.sink.flush()
         if self.run is not None:
             self.run.log(metrics)

@@ -49,26 +49,65 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
-def record_of(path: Path) -> FileRecord:
-    return FileRecord(path.name, path.stat().st_size, sha256_file(path))
+class _HashingFile:
+    """A write-only file that hashes what passes through (hashlib releases the GIL)."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def save_state(state: dict[str, Any], path: Path) -> FileRecord:
-    """torch.save, then fsync; returns the record a checkpoint keeps to verify it later."""
-    torch.save(state, path)
-    fsync_file(path)
-    return record_of(path)
+    """torch.save, fsync, and read back: the record a checkpoint keeps to verify it later
+    holds the digest of the bytes torch.save produced, and the bytes on disk match it."""
+    with open(path, "wb") as raw:
+        out = _HashingFile(raw)
+        torch.save(state, out)
+        raw.flush()
+        os.fsync(raw.fileno())
+    digest = out.digest.hexdigest()
+    on_disk = sha256_file(path)
+    if on_disk != digest:
+        raise OSError(f"{path}: read back as sha256 {on_disk}, written as {digest}")
+    return FileRecord(path.name, path.stat().st_size, digest)
 
 
-def load_state(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """The state in ``path``, unpickled without running code; ValueError if it holds more."""
+def load_state(path: Path) -> dict[str, Any]:
+    """The state in ``path`` on the host, unpickled without running code; ValueError if it
+    holds more, or if it is unreadable.
+
+    Always to the CPU, memory-mapped: RNG states must stay CPU ByteTensors for
+    ``torch.set_rng_state``, ``load_state_dict`` moves weights and AdamW moments to the
+    parameters' device itself, and several drafters of a node reading a 12.6 GB file at once
+    share the page cache instead of holding a private copy each. Running out of memory is not
+    a corrupt file: it is raised as such (MemoryError), never as a ValueError.
+    """
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
         raise ValueError(f"{path}: refused to load: it holds objects beyond tensors and plain "
                          f"containers, and loading it could run code ({exc})") from None
+    except torch.OutOfMemoryError:
+        raise
     except (RuntimeError, EOFError) as exc:  # a truncated or otherwise unreadable zip
+        if out_of_memory(exc):
+            raise MemoryError(f"{path}: out of memory while loading ({exc})") from exc
         raise ValueError(f"{path}: not a readable checkpoint file ({exc})") from None
     if not isinstance(state, dict):
         raise ValueError(f"{path}: expected a dict of trainer state, got {type(state).__name__}")
     return state
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure (GPU or host), not a problem of the data."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return "out of memory" in text or "can't allocate memory" in text

@@ -31,6 +31,8 @@ class RingHandle:
     dtype: torch.dtype
     device_kind: DeviceKind
     payload: Any
+    # Tells one ring of a target rank from the next (a restarted target makes a new ring).
+    ring_id: str = ""
 
 
 @dataclass(frozen=True)

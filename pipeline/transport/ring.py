@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from typing import Optional, Sequence
 
 import torch
@@ -54,6 +55,7 @@ class SlotRing:
         self._payload: BufferPayload = export_buffer(self._buffer)
         # Slots handed out by slot() and not yet published, with the shape they were given.
         self._writing: dict[int, tuple[int, ...]] = {}
+        self.ring_id = uuid.uuid4().hex
 
     @property
     def buffer(self) -> torch.Tensor:
@@ -77,7 +79,7 @@ class SlotRing:
         return RingHandle(target_rank=self.target_rank, node_id=self.node_id,
                           num_slots=self.num_slots, slot_numel=self.slot_numel,
                           dtype=self._payload.dtype, device_kind=self._payload.device_kind,
-                          payload=self._payload)
+                          payload=self._payload, ring_id=self.ring_id)
 
     def slot(self, index: int, shape: Sequence[int]) -> torch.Tensor:
         """A ``shape`` view of slot ``index`` to write into; ``publish`` it when written."""
@@ -127,10 +129,19 @@ class RingReader:
         self._rings: dict[int, tuple[RingHandle, torch.Tensor]] = {}
 
     def attach(self, handle: RingHandle) -> None:
-        """Open ``handle``'s ring, once per target rank; attaching again is a no-op."""
+        """Open ``handle``'s ring, once per ring; attaching the same ring again is a no-op.
+
+        A new ring of an attached target rank (its target was restarted) replaces the old
+        one: the old memory belongs to a dead producer and must never be read again.
+        """
         if handle.target_rank in self._rings:
-            logger.debug("ring of target %d already attached", handle.target_rank)
-            return
+            old, _ = self._rings[handle.target_rank]
+            if old.ring_id == handle.ring_id:
+                logger.debug("ring of target %d already attached", handle.target_rank)
+                return
+            logger.info("target %d has a new ring: the old one is closed",
+                        handle.target_rank)
+            del self._rings[handle.target_rank]
         if handle.device_kind != self.device.type:
             raise ValueError(f"ring of target {handle.target_rank} lives on "
                              f"{handle.device_kind!r}, this reader on {self.device}")

@@ -22,12 +22,13 @@ from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
 from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer
-from pipeline.training.state_io import load_state, save_state
+from pipeline.training.async_save import AsyncSaver, HostPool, SaveDone
+from pipeline.training.state_io import load_state, out_of_memory
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
-from pipeline.workers.messages import MicroBatch, MicroResult, SavedState, StepResult
+from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
 from pipeline.workers.weights import Weights, weights_of
 
 
@@ -48,6 +49,12 @@ class DrafterWorker:
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)
         self.loaded: Optional[SlotReady] = None
         self.reducer: Optional[FlatReducer] = None
+        # Rank 0 writes the checkpoints: its host buffers are pinned in the background now,
+        # so the first save does not pay for them inside the step loop.
+        self.saver: Optional[AsyncSaver] = None
+        if rank == 0:
+            self.saver = AsyncSaver(HostPool(self._checkpoint_specs(),
+                                             pin=self.device.type == "cuda"))
 
     # -- set-up ---------------------------------------------------------------------------
     def master_address(self) -> MasterAddress:
@@ -105,18 +112,40 @@ class DrafterWorker:
             start_s=start, busy_s=time.perf_counter() - t0, reduce_start_s=timed.start,
             reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
             param_checksum=checksum, on_main_thread=on_main_thread(),
-            cudagraph_skips=cudagraph_skips())
+            cudagraph_skips=cudagraph_skips(),
+            saves=self.saver.done() if self.saver is not None else ())
 
     # -- outputs --------------------------------------------------------------------------
-    def save_checkpoint(self, folder: str) -> SavedState:
-        """Write and fsync ``drafter.pt``; the record lets a resume tell it complete."""
-        record = save_state(self.trainer.state_dict(), Path(folder) / "drafter.pt")
-        return SavedState(self.trainer.steps_done, record)
+    def save_checkpoint(self, folder: str) -> float:
+        """Snapshot the trainer state to host memory and write ``folder/drafter.pt`` in the
+        background; returns the seconds this held the step loop. The finished write (its
+        record, or its error) comes back in a later :class:`StepResult` or from
+        :meth:`wait_saves`; only then does the checkpoint count."""
+        assert self.saver is not None, "only drafter rank 0 writes checkpoints"
+        return self.saver.start(self.trainer.state_dict, Path(folder) / "drafter.pt",
+                                self.trainer.steps_done)
+
+    def wait_saves(self) -> tuple[SaveDone, ...]:
+        """Block until no checkpoint write is in flight; the ones not yet handed back."""
+        return self.saver.wait() if self.saver is not None else ()
 
     def load_checkpoint(self, folder: str) -> int:
-        """Load ``drafter.pt`` without running code from it (weights_only)."""
-        self.trainer.load_state_dict(load_state(Path(folder) / "drafter.pt", self.device))
+        """Load ``drafter.pt`` without running code from it (weights_only), via the host."""
+        path = Path(folder) / "drafter.pt"
+        state = load_state(path)
+        try:
+            self.trainer.load_state_dict(state)
+        except (RuntimeError, MemoryError) as exc:
+            if not out_of_memory(exc):
+                raise
+            raise MemoryError(f"drafter {self.rank}: out of {self.device.type} memory while "
+                              f"loading {path} (the file itself checked out): {exc}") from exc
         return self.trainer.steps_done
+
+    def _checkpoint_specs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """The big tensors of a snapshot: each weight and AdamW's two moments of it."""
+        return [(tuple(p.shape), p.dtype) for p in self.trainer.model.parameters()
+                for _ in range(3)]
 
     def export(self, out_dir: str, dtype: str) -> str:
         return str(save_drafter(self.trainer.model, Path(out_dir), dtype))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.data.batching import attention_mask
-from pipeline.training.state_io import FileRecord
+from pipeline.training.async_save import SaveDone
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,7 @@ class StepResult:
     param_checksum: float  # sum of parameters: replicas must agree
     on_main_thread: bool
     cudagraph_skips: int  # graphs inductor declined to capture (reduce-overhead only)
+    # Checkpoint writes that finished in the background since the last step (rank 0 only).
+    saves: tuple[SaveDone, ...] = ()
 
 
-
-@dataclass(frozen=True)
-class SavedState:
-    """What drafter rank 0 wrote into a checkpoint's staging folder."""
-
-    steps_done: int      # the trainer's steps, to check against the driver's cursor
-    record: FileRecord   # drafter.pt's size and digest, kept in state.json

@@ -46,18 +46,28 @@ class Prefetcher:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.dataset = ChatDataset(train_path, tokenizer, data, block_size)
         log.info("data: %s", self.dataset.stats.summary())
+        self.data = data
+        self.epochs = epochs
+        self.micro_batches_per_step = micro_batches_per_step
+        self.max_steps = max_steps
+        self.pad_token_id = pad_token_id
+        self.pad_to = pad_to
+        self.replan(resume)
+
+    def replan(self, resume: Optional[ResumePoint]) -> "PlanSummary":
+        """Plan from ``resume`` and hand out from its first micro-batch (after a restart of
+        the drafters, the data need not be read and tokenized again)."""
         resume = resume or ResumePoint(0, 0, 0)
         self.first_step = resume.step
         self.plans: list[StepPlan] = job_plan(
-            self.dataset.sample_ids, data.seed, epochs, data.micro_batch_size,
-            micro_batches_per_step, max_steps, start_epoch=resume.epoch,
+            self.dataset.sample_ids, self.data.seed, self.epochs, self.data.micro_batch_size,
+            self.micro_batches_per_step, self.max_steps, start_epoch=resume.epoch,
             samples_done=resume.samples_done, steps_done=resume.step)
-        self.pad_token_id = pad_token_id
-        self.pad_to = pad_to
         # The flat order of (step, index) pairs; the cursor walks it.
         self.order = [(s, i) for s, plan in enumerate(self.plans)
                       for i in range(len(plan.micro_batches))]
         self.cursor = 0
+        return self.summary()
 
     def summary(self) -> PlanSummary:
         return PlanSummary(first_step=self.first_step, num_samples=len(self.dataset.sample_ids),

@@ -205,3 +205,33 @@ def test_a_writer_killed_at_any_moment_leaves_usable_checkpoints(tmp_path):
     assert newest == max(steps) and ckpt.read_point(newest).step >= 4
     ckpt.clean_stale(tmp_path)
     assert sorted(ckpt.checkpoint_root(tmp_path).iterdir()) == sorted(steps)
+
+
+def test_running_out_of_memory_on_load_is_not_called_a_corrupt_file(
+        tmp_path, random_target_dir, target_config, monkeypatch):
+    """A GPU (or host) OOM while loading names memory, never a bad file: the checkpoint is
+    fine, and resume=auto must not be told to skip it."""
+    worker = _drafter_worker(random_target_dir, target_config)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    save_state(worker.trainer.state_dict(), folder / "drafter.pt")
+
+    def oom(state):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(worker.trainer, "load_state_dict", oom)
+    with pytest.raises(MemoryError, match="out of cpu memory while loading .*checked out"):
+        worker.load_checkpoint(str(folder))
+
+    def host_oom(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+    monkeypatch.setattr(torch, "load", host_oom)
+    with pytest.raises(MemoryError, match="out of memory while loading"):
+        load_state(folder / "drafter.pt")
+
+
+def test_loads_land_on_the_host_whatever_the_device(tmp_path):
+    """RNG states must stay CPU ByteTensors for torch.set_rng_state: the load maps to CPU."""
+    save_state({"rng": {"cpu": torch.get_rng_state()}, "w": torch.ones(3)}, tmp_path / "s.pt")
+    state = load_state(tmp_path / "s.pt")
+    assert state["rng"]["cpu"].device.type == "cpu" and state["rng"]["cpu"].dtype == torch.uint8
+    torch.set_rng_state(state["rng"]["cpu"])

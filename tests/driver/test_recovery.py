@@ -92,6 +92,30 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
     assert (out / "export" / "model.safetensors").exists()
 
 
+def test_a_lost_drafter_restarts_the_drafters_only(ray_cluster, small_train_file, tmp_path):
+    """The target (slowest to load) and the prefetcher (data already tokenized) stay; the
+    drafters come back from the checkpoint and retrain the lost steps to the same losses."""
+    out = tmp_path / "run"
+    driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
+                                        f"train.out_dir={out}", "train.plan.epochs=1"]))
+    ids = {}
+
+    def watch(done):
+        if done == 3:  # once before the kill, once more after the restart (resumed from 2)
+            key = "after" if "before" in ids else "before"
+            ids[key] = (driver.actors.targets[0]._actor_id, driver.actors.prefetcher._actor_id)
+    driver.step_listeners.extend([watch, _kill_at(driver, 3, "drafter", "SIGKILL")])
+    summary = driver.run()
+    (rec,) = summary.restarts
+    assert rec.actor.startswith("drafter") and rec.resumed_step == 2
+    assert ids["after"] == ids["before"]
+    assert summary.accounts[0].exact and summary.accounts[0].trained == 24
+    twice = {}
+    for row in _train_rows(out):
+        twice.setdefault(row["step"], []).append(row["train/loss"])
+    assert len(twice[3]) == 2 and twice[3][1] == pytest.approx(twice[3][0], rel=1e-6)
+
+
 def test_a_lost_actor_ends_the_job_when_no_restart_is_left(ray_cluster, small_train_file,
                                                            tmp_path, caplog):
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",

@@ -83,12 +83,14 @@ def test_copy_out_checks_the_destination():
         reader.copy_out(ready, torch.zeros(12, dtype=torch.float64))
 
 
-def test_attach_is_once_per_target():
-    first, second, reader = _ring(rank=0), _ring(rank=0), RingReader("cpu")
-    reader.attach(first.handle())
-    reader.attach(second.handle())  # no-op: the ring of target 0 stays the first one
-    first.slot(0, (3,)).fill_(7.0)
-    assert reader.view(first.publish(0, (3,), [0])).eq(7.0).all()
+def test_attach_is_once_per_ring():
+    ring, reader = _ring(rank=0), RingReader("cpu")
+    reader.attach(ring.handle())
+    opened = reader._rings[0][1]
+    reader.attach(ring.handle())  # no-op: the same ring is not opened twice
+    assert reader._rings[0][1] is opened
+    ring.slot(0, (3,)).fill_(7.0)
+    assert reader.view(ring.publish(0, (3,), [0])).eq(7.0).all()
 
 
 def test_reader_refuses_unknown_rings_and_other_devices():
@@ -114,3 +116,21 @@ def test_reader_refuses_a_ring_of_another_node():
 def test_ring_size_must_be_positive(num_slots, slot_numel):
     with pytest.raises(ValueError, match="expected >= 1"):
         SlotRing(0, num_slots, slot_numel, torch.float32, "cpu")
+
+
+def test_a_new_ring_of_the_same_target_replaces_the_old_one():
+    """A restarted target makes a new ring: a reader must read the new memory, never the
+    dead producer's; the same handle attached again changes nothing."""
+    old, new = _ring(rank=0), _ring(rank=0)
+    reader = RingReader("cpu")
+    reader.attach(old.handle())
+    old.slot(0, (24,)).fill_(1.0)
+    ready = old.publish(0, (24,), [0])
+    assert reader.view(ready).eq(1.0).all()
+    new.slot(0, (24,)).fill_(2.0)
+    ready = new.publish(0, (24,), [0])
+    reader.attach(new.handle())
+    assert reader.view(ready).eq(2.0).all()
+    reader.attach(new.handle())
+    assert reader.view(ready).eq(2.0).all()
+    assert old.handle().ring_id != new.handle().ring_id

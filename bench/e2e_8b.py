@@ -1,0 +1,168 @@
+"""A real 8B job on one GPU, end to end, as a user runs it: start, checkpoints, evals, a
+SIGKILLed drafter, recovery, export.
+
+    python -m bench.e2e_8b --work /tmp/e2e --out docs/bench     # one H200, about 8 minutes
+
+It builds a random-weight target with Qwen3-8B's architecture (save_pretrained, loaded back by
+the real code), writes ~800-token chats, then runs ``python -m pipeline.train --config-name
+qwen3_8b cluster=one_gpu`` for ``--steps`` steps with a checkpoint and a tau evaluation every
+``--every`` steps. Once ``--kill-at`` steps are done it SIGKILLs the drafter's process (found
+by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
+
+* ``start_to_first_step_s``: from the launch of the CLI to the first logged step;
+* ``checkpoint_stall_s``: the longest a save held the step loop (the driver's log), and
+  ``checkpoint_step_excess_s``: how much longer the steps right after a save took than
+  the median step;
+* ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
+* ``steady_samples_per_s``; ``e2e_efficiency``: median step time x steps / wall time;
+* ``resumed_ok``: every step trained twice (after the checkpoint, before the kill) has the
+  same loss both times, within ``--loss-rtol``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.scale.synthetic import build_target, write_chats
+
+
+def _drafter_pid() -> int | None:
+    out = subprocess.run(["pgrep", "-f", "ray::DrafterWorker"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    return pids[0] if pids else None
+
+
+def _rows(metrics: Path) -> list[dict]:
+    if not metrics.exists():
+        return []
+    return [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+
+
+def _command(args, target: Path, data: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "pipeline.train", "--config-name", "qwen3_8b",
+            "cluster=one_gpu", "logger=none", f"target.path={target}",
+            f"data.train_path={data}", f"data.heldout_path={data}",
+            f"data.max_length={args.max_length}", f"data.micro_batch_size={args.micro_batch}",
+            f"drafter.num_anchors={args.anchors}", "train.plan.epochs=1",
+            f"train.plan.max_steps={args.steps}", f"train.checkpoint.every={args.every}",
+            "train.checkpoint.resume=null", "train.checkpoint.keep_last=2",
+            f"train.eval.every={args.every}", f"train.eval.prompts={args.eval_prompts}",
+            "train.eval.max_new_tokens=64", "train.log_every=10", f"train.out_dir={run_dir}"]
+
+
+def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int) -> dict:
+    """Run the CLI; SIGKILL the drafter once ``kill_at`` steps are logged."""
+    t_launch = time.time()
+    killed_at = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if killed_at is None and any(r.get("step", 0) >= kill_at and "train/loss" in r
+                                         for r in _rows(metrics)):
+                pid = _drafter_pid()
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed_at = time.time()
+                    print(f"[e2e] SIGKILL drafter pid {pid} after step {kill_at}", flush=True)
+    return {"launch": t_launch, "exit": time.time(), "killed_at": killed_at,
+            "returncode": proc.returncode}
+
+
+def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: int,
+               loss_rtol: float) -> dict:
+    train = [r for r in rows if "train/loss" in r]
+    steps = max(r["step"] for r in train)
+    step_times = [r["perf/step_time_s"] for r in train if r["step"] > 10]
+    median_step = statistics.median(step_times)
+    killed = times["killed_at"]
+    after_kill = [r for r in train if killed is not None and r["time"] > killed]
+    first_pass: dict[int, float] = {}
+    repeated: dict[int, tuple[float, float]] = {}
+    for r in train:
+        if r["step"] in first_pass:
+            repeated[r["step"]] = (first_pass[r["step"]], r["train/loss"])
+        else:
+            first_pass[r["step"]] = r["train/loss"]
+    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in repeated.values()]
+    held = [float(x) for x in re.findall(r"held training ([0-9.]+)s", log_text)]
+    saves = sorted({int(s) for s in re.findall(r"checkpoints/step_0*(\d+)", log_text)})
+    excess = [r["perf/step_time_s"] - median_step for r in train
+              if any(r["step"] in (s + 1, s + 2) for s in saves)]
+    wall = times["exit"] - times["launch"]
+    return {
+        "steps": steps,
+        "wall_s": wall,
+        "start_to_first_step_s": train[0]["time"] - times["launch"],
+        "checkpoint_stall_s": max(held) if held else None,
+        "checkpoint_held_s": held,
+        "checkpoint_step_excess_s": max(excess) if excess else None,
+        "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
+        "steady_step_time_s": median_step,
+        "steady_samples_per_s": samples_per_step / median_step,
+        "e2e_efficiency": median_step * steps / wall,
+        "resumed_ok": bool(repeated) and max(rel) <= loss_rtol,
+        "repeated_steps": sorted(repeated),
+        "repeated_loss_max_rel_diff": max(rel) if rel else None,
+        "evals": sorted(r["step"] for r in rows if "eval/tau" in r),
+        "restarts": log_text.count("restart 1 of"),
+        "exported": "export" in log_text or None,
+    }
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", default="/tmp/e2e_8b", help="target, data and the run (large)")
+    p.add_argument("--out", default="docs/bench")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--every", type=int, default=100, help="checkpoint and eval interval")
+    p.add_argument("--kill-at", type=int, default=130)
+    p.add_argument("--max-length", type=int, default=800)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--anchors", type=int, default=256)
+    p.add_argument("--eval-prompts", type=int, default=8)
+    p.add_argument("--loss-rtol", type=float, default=1e-3)
+    args = p.parse_args(argv)
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    target = build_target(work / "qwen3-8b-random")
+    samples = 4 * args.steps * 2 + 64
+    data = write_chats(work / "chats.jsonl", count=samples, prompt_words=190,
+                       answer_words=590)
+    print(f"[e2e] target and data ready in {time.time() - t0:.0f}s", flush=True)
+    run_dir = work / "run"
+    log_path = out / "e2e_8b_train.log"
+    times = _run_and_kill(_command(args, target, data, run_dir), log_path,
+                          run_dir / "metrics.jsonl", args.kill_at)
+    log_text = log_path.read_text()
+    result = {"machine": _gpu_name(), "date": time.strftime("%Y-%m-%d"),
+              "command": "python -m bench.e2e_8b " + " ".join(argv or sys.argv[1:]),
+              "returncode": times["returncode"]}
+    if times["returncode"] == 0:
+        result.update(_summarise(times, _rows(run_dir / "metrics.jsonl"), log_text,
+                                 samples_per_step=2 * args.micro_batch, loss_rtol=args.loss_rtol))
+        result["exported"] = (run_dir / "export" / "model.safetensors").exists()
+    (out / "h200_e2e_8b.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), flush=True)
+    return result
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+if __name__ == "__main__":
+    main()

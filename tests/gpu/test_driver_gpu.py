@@ -1,0 +1,129 @@
+"""The real driver on CUDA: resume, a SIGKILLed drafter, the evaluator and its death.
+
+The CPU suite runs the same paths on CPU; these prove the CUDA branches (RNG states that must
+stay CPU tensors, pinned host snapshots, CUDA IPC between two processes on one GPU). Layout:
+cluster=one_gpu's shape on the tiny demo target: 1 target and 1 drafter at 0.45 of the GPU
+each, the evaluator at 0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
+
+ONE_GPU = ["cluster.drafters_per_node=1", "cluster.gpus_per_actor=0.45",
+           "cluster.cpus_per_actor=0.5", "data.micro_batch_size=2", "train.optim.lr=2e-3",
+           "train.export_dtype=float32", "train.log_every=100", "train.precision=fp32"]
+
+
+@pytest.fixture()
+def gpu_job(device, small_train_file, tmp_path):
+    def make(*extra: str):
+        return compose_job(ONE_GPU + [f"cluster.device={device}",
+                                      f"data.train_path={small_train_file}", *extra])
+    return make
+
+
+def _losses(out_dir) -> dict[int, list[float]]:
+    """step -> every loss logged for it (a step trained again after a restart has two)."""
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        if "train/loss" in r:
+            out.setdefault(r["step"], []).append(r["train/loss"])
+    return out
+
+
+def _same_export(a_dir, b_dir) -> None:
+    a = load_file(str(a_dir / "export" / "model.safetensors"))
+    b = load_file(str(b_dir / "export" / "model.safetensors"))
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), (name, (a[name] - b[name]).abs().max())
+
+
+def test_resume_on_cuda_continues_bit_exactly(ray_cluster, gpu_job, tmp_path):
+    """3 steps, stop, resume, 3 more == 6 in one go: losses and final weights bit for bit."""
+    base = ["train.eval.every=-1", "train.plan.max_steps=6"]
+    Driver(gpu_job(*base, f"train.out_dir={tmp_path / 'full'}")).run()
+    part = tmp_path / "part"
+    Driver(gpu_job(*base, "train.plan.stop_at_step=3", f"train.out_dir={part}")).run()
+    assert ckpt.latest(part).name == "step_00000003"
+    resumed = Driver(gpu_job(*base, f"train.out_dir={part}",
+                             "train.checkpoint.resume=auto")).run()
+    assert (resumed.first_step, resumed.end_step) == (3, 6)
+    want, got = _losses(tmp_path / "full"), _losses(part)
+    assert sorted(got) == sorted(want) == list(range(1, 7))
+    assert [got[s][-1] for s in range(1, 7)] == [want[s][-1] for s in range(1, 7)]
+    _same_export(tmp_path / "full", part)
+
+
+def _actor_pid(handle) -> int:
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def test_sigkilled_drafter_restarts_alone_and_continues(ray_cluster, gpu_job, tmp_path,
+                                                        caplog):
+    """SIGKILL of the drafter after step 5: only the drafter restarts (the target and its
+    ring stay), it resumes from step 4, and steps 5..8 repeat the first pass's losses."""
+    out = tmp_path / "run"
+    driver = Driver(gpu_job("train.eval.every=-1", "train.plan.max_steps=8",
+                            "train.checkpoint.every=2", f"train.out_dir={out}"))
+    seen: dict = {}
+
+    def kill_after(done: int) -> None:
+        if done == 5 and not seen:
+            seen["target"] = driver.actors.targets[0]._actor_id.hex()
+            os.kill(_actor_pid(driver.actors.drafters[0]), signal.SIGKILL)
+            seen["killed_at"] = time.time()
+        elif seen and "target_after" not in seen and driver.actors.targets:
+            seen["target_after"] = driver.actors.targets[0]._actor_id.hex()
+    driver.step_listeners.append(kill_after)
+    with caplog.at_level(logging.INFO):
+        summary = driver.run()
+    (rec,) = summary.restarts
+    assert rec.actor.startswith("drafter 0") and rec.resumed_step == 4
+    assert seen["target_after"] == seen["target"], "the target was restarted too"
+    assert seen["killed_at"] <= rec.detected_at <= rec.training_at
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, 9))
+    for step in (5,):  # trained before the kill and again after the restart
+        first, again = losses[step][0], losses[step][-1]
+        assert again == first, (step, first, again)
+    assert all(a.exact for a in summary.accounts)
+    assert ckpt.latest(out).name == "step_00000008"
+
+
+def test_evaluator_on_cuda_and_its_death(ray_cluster, gpu_job, tmp_path, caplog):
+    """tau before and during training on the GPU; after the evaluator is killed, training
+    goes on untouched (no restart of the training set) and a later evaluation lands."""
+    out = tmp_path / "run"
+    driver = Driver(gpu_job("train.plan.max_steps=8", "train.eval.every=2",
+                            "train.eval.prompts=2", "train.eval.max_new_tokens=8",
+                            f"train.out_dir={out}"))
+
+    def kill_evaluator(done: int) -> None:
+        if done == 3:
+            ray.kill(driver.evaluator.actor)
+    driver.step_listeners.append(kill_evaluator)
+    with caplog.at_level(logging.INFO):
+        summary = driver.run()
+    assert summary.restarts == []
+    assert summary.tau_before is not None and summary.tau_after is not None
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    tau_steps = sorted(r["step"] for r in rows if "eval/tau" in r)
+    assert 0 in tau_steps and 8 in tau_steps
+    assert any(s in tau_steps for s in (4, 6)), tau_steps  # evaluated again after the death
+    assert "tau evaluator" in caplog.text
