@@ -32,6 +32,41 @@ class TargetConfig:
 
 
 @dataclass
+class RatesConfig:
+    """``cluster.rates``: samples/s of one actor of each role alone on a GPU, for layout=auto.
+
+    Either the two figures (and, optionally, the shape they were measured at: a layout chosen
+    from another shape's rates is warned about), or ``profile``: a JSON file a benchmark
+    wrote holding the same keys (``pipeline.driver.layout.write_profile``). Not both.
+    """
+
+    target_samples_per_s: Optional[float] = None
+    drafter_samples_per_s: Optional[float] = None
+    max_length: Optional[int] = None  # data.max_length the figures were measured at
+    micro_batch_size: Optional[int] = None  # data.micro_batch_size they were measured at
+    profile: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for key in ("target_samples_per_s", "drafter_samples_per_s", "max_length",
+                    "micro_batch_size"):
+            value = getattr(self, key)
+            require(value is None or value > 0, f"cluster.rates.{key}", value, "> 0 or null")
+        pair = (self.target_samples_per_s, self.drafter_samples_per_s)
+        if (pair[0] is None) != (pair[1] is None):
+            key = "drafter_samples_per_s" if pair[1] is None else "target_samples_per_s"
+            require(False, f"cluster.rates.{key}", None, "a rate set together with the other "
+                    "role's (target_samples_per_s and drafter_samples_per_s), or "
+                    "cluster.rates.profile instead of both")
+        require(pair[0] is None or self.profile is None, "cluster.rates.profile", self.profile,
+                "null when cluster.rates.target_samples_per_s/drafter_samples_per_s are set "
+                "(one source of rates)")
+
+    @property
+    def has_source(self) -> bool:
+        return self.profile is not None or self.target_samples_per_s is not None
+
+
+@dataclass
 class ClusterConfig:
     # Ray address: null starts (or joins, via RAY_ADDRESS) a local cluster.
     address: Optional[str] = None
@@ -56,8 +91,17 @@ class ClusterConfig:
     # the process group gives up. Nothing slow (tau eval, saves of the other ranks) runs
     # between the ranks' all-reduces any more, so this bounds real stalls only.
     collective_timeout_s: float = 600.0
+    # manual: targets_per_node/drafters_per_node/gpus_per_actor as given. auto (on CUDA): the
+    # driver picks them per node from cluster.rates and the live GPUs per node, before any
+    # actor starts (pipeline/driver/layout.py); the manual fields stay the CPU layout.
+    layout: str = "manual"  # one of "manual", "auto"
+    rates: RatesConfig = field(default_factory=RatesConfig)
 
     def __post_init__(self) -> None:
+        require_choice("cluster.layout", self.layout, ("manual", "auto"))
+        require(self.layout == "manual" or self.rates.has_source, "cluster.layout", self.layout,
+                "'manual', or cluster.rates.target_samples_per_s and drafter_samples_per_s "
+                "(or cluster.rates.profile) set for 'auto'")
         for key in ("num_nodes", "targets_per_node", "drafters_per_node", "num_slots"):
             require(getattr(self, key) >= 1, f"cluster.{key}", getattr(self, key), ">= 1")
         require(self.collective_timeout_s > 0, "cluster.collective_timeout_s",

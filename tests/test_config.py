@@ -33,7 +33,7 @@ def test_group_selection_and_overrides():
     job = compose_job(["logger=wandb", "cluster=node8", "drafter.gamma=5.5",
                        "+logger.wandb_init.tags=[a,b]"])
     assert job.logger.wandb_init == {"tags": ["a", "b"]}
-    assert job.logger.kind == "wandb" and job.cluster.drafters_per_node == 7
+    assert job.logger.kind == "wandb" and job.cluster.drafters_per_node == 5
     assert job.drafter.gamma == 5.5
 
 

@@ -21,6 +21,7 @@ from pipeline.driver.fingerprint import KEY as FINGERPRINT_KEY
 from pipeline.driver.fingerprint import check_data, data_fingerprint
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.launcher import check_cluster
+from pipeline.driver.layout import with_live_layout
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.report import step_metrics
@@ -98,6 +99,9 @@ class Driver:
             return idle
         # Every actor of every node, the tau evaluator and the prefetcher: cpus_per_actor each.
         with ray_session(c.address, (c.num_targets + c.num_drafters + 2) * c.cpus_per_actor):
+            # cluster.layout=auto: the split per node from the rates, checked as a manual one.
+            self.job = with_live_layout(self.job)
+            c = self.job.cluster
             device = check_cluster(c, self.job.train.eval)
             if device != self.r.device:  # the cluster's nodes decide, not this host's
                 self.r = resolve_job(self.job, device=device)
