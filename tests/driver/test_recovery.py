@@ -98,22 +98,24 @@ def test_a_lost_drafter_restarts_the_drafters_only(ray_cluster, small_train_file
     out = tmp_path / "run"
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
                                         f"train.out_dir={out}", "train.plan.epochs=1"]))
-    ids = {}
+    seen = []
 
-    def watch(done):
-        if done == 3:  # once before the kill, once more after the restart (resumed from 2)
-            key = "after" if "before" in ids else "before"
-            ids[key] = (driver.actors.targets[0]._actor_id, driver.actors.prefetcher._actor_id)
+    def watch(done):  # the same target and prefetcher before the kill and after the restart
+        seen.append((driver.actors.targets[0]._actor_id, driver.actors.prefetcher._actor_id))
     driver.step_listeners.extend([watch, _kill_at(driver, 3, "drafter", "SIGKILL")])
     summary = driver.run()
     (rec,) = summary.restarts
-    assert rec.actor.startswith("drafter") and rec.resumed_step == 2
-    assert ids["after"] == ids["before"]
+    # The newest checkpoint: step 2, or step 4 when step 4 completed before the loss was seen.
+    assert rec.actor.startswith("drafter") and rec.resumed_step in (2, 4)
+    assert len(seen) > 6 and len(set(seen)) == 1
     assert summary.accounts[0].exact and summary.accounts[0].trained == 24
     twice = {}
     for row in _train_rows(out):
         twice.setdefault(row["step"], []).append(row["train/loss"])
-    assert len(twice[3]) == 2 and twice[3][1] == pytest.approx(twice[3][0], rel=1e-6)
+    repeated = [s for s, losses in twice.items() if len(losses) == 2]
+    assert repeated and all(s > rec.resumed_step for s in repeated)
+    for step in repeated:
+        assert twice[step][1] == pytest.approx(twice[step][0], rel=1e-6), step
 
 
 def test_a_lost_actor_ends_the_job_when_no_restart_is_left(ray_cluster, small_train_file,

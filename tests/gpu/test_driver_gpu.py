@@ -77,31 +77,32 @@ def _actor_pid(handle) -> int:
 def test_sigkilled_drafter_restarts_alone_and_continues(ray_cluster, gpu_job, tmp_path,
                                                         caplog):
     """SIGKILL of the drafter after step 5: only the drafter restarts (the target and its
-    ring stay), it resumes from step 4, and steps 5..8 repeat the first pass's losses."""
+    ring stay), it resumes from the last checkpoint, and the steps trained twice repeat the
+    first pass's losses."""
     out = tmp_path / "run"
     driver = Driver(gpu_job("train.eval.every=-1", "train.plan.max_steps=8",
                             "train.checkpoint.every=2", f"train.out_dir={out}"))
-    seen: dict = {}
+    seen: dict = {"actors": []}
 
     def kill_after(done: int) -> None:
-        if done == 5 and not seen:
-            seen["target"] = driver.actors.targets[0]._actor_id.hex()
+        seen["actors"].append(driver.actors.targets[0]._actor_id)
+        if done == 5 and "killed_at" not in seen:
             os.kill(_actor_pid(driver.actors.drafters[0]), signal.SIGKILL)
             seen["killed_at"] = time.time()
-        elif seen and "target_after" not in seen and driver.actors.targets:
-            seen["target_after"] = driver.actors.targets[0]._actor_id.hex()
     driver.step_listeners.append(kill_after)
     with caplog.at_level(logging.INFO):
         summary = driver.run()
     (rec,) = summary.restarts
-    assert rec.actor.startswith("drafter 0") and rec.resumed_step == 4
-    assert seen["target_after"] == seen["target"], "the target was restarted too"
+    # The newest checkpoint: step 4, or 6 when step 6 completed before the loss was seen.
+    assert rec.actor.startswith("drafter 0") and rec.resumed_step in (4, 6)
+    assert len(seen["actors"]) > 8 and len(set(seen["actors"])) == 1, "target restarted"
     assert seen["killed_at"] <= rec.detected_at <= rec.training_at
     losses = _losses(out)
     assert sorted(losses) == list(range(1, 9))
-    for step in (5,):  # trained before the kill and again after the restart
-        first, again = losses[step][0], losses[step][-1]
-        assert again == first, (step, first, again)
+    repeated = [s for s, values in losses.items() if len(values) == 2]
+    assert repeated and all(s > rec.resumed_step for s in repeated)
+    for step in repeated:  # trained before the kill and again after the restart: bit for bit
+        assert losses[step][1] == losses[step][0], (step, losses[step])
     assert all(a.exact for a in summary.accounts)
     assert ckpt.latest(out).name == "step_00000008"
 
