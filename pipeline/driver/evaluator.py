@@ -6,15 +6,22 @@ s (so it copies exactly the weights after s, and costs rank 0 a copy, not an eva
 to the evaluator, which runs while the drafters train on; the step loop collects the result
 whenever it lands and it is logged at step s. Before and after training the driver simply
 waits for the result (nothing else is running then).
+
+The evaluator is not part of the training set: when it dies, the evaluation it took with it
+is reported as failed (a warning naming the tau evaluator), a new one is started without
+waiting for it, and training goes on. It is replaced at most ``train.recovery.max_restarts``
+times, counted apart from the training set's restarts; after that tau is no longer evaluated.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable, Optional
 
 import ray
 import torch
+from ray.exceptions import RayActorError, RayError
 
 from pipeline.config import JobConfig
 from pipeline.driver.scheduler import AfterStepCall
@@ -26,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # How long the evaluator may take to be placed and built before the job stops with advice.
 _PLACE_TIMEOUT_S = 300.0
+# The step loop's lane for evaluations: one actor runs them in order (see AfterStepCall).
+LANE = "tau evaluator"
 
 
 class TauEvaluator:
@@ -38,6 +47,7 @@ class TauEvaluator:
         self._prompts = prompts
         self.actor: Any = None
         self.in_flight = 0  # evaluations sent behind steps and not yet back
+        self.restarts = 0  # evaluators started again after one died
 
     @property
     def enabled(self) -> bool:
@@ -52,13 +62,10 @@ class TauEvaluator:
         self.close()
 
     def start(self) -> None:
-        e, r = self.job.train.eval, self.r
-        gpus = e.gpus if r.device == "cuda" else 0.0
-        self.actor = start_actor(
-            EvalWorker, Placement(cpus=self.job.cluster.cpus_per_actor, gpus=gpus),
-            spec=r.spec, target_path=r.target_path, device=r.device,
-            target_dtype=r.autocast_dtype or torch.float32, prompts=self._prompts(),
-            max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id)
+        """Start the evaluator and wait until it is built: a job that has no room for it, or
+        cannot build it, stops here with advice, before any training."""
+        e = self.job.train.eval
+        self._launch()
         ready, _ = ray.wait([self.actor.__ray_ready__.remote()], timeout=_PLACE_TIMEOUT_S)
         if ready:
             ray.get(ready[0])  # a failed constructor raises here, not at the first evaluation
@@ -69,6 +76,15 @@ class TauEvaluator:
                 f"in {_PLACE_TIMEOUT_S:.0f}s beside the training actors: lower "
                 f"cluster.gpus_per_actor so each GPU keeps train.eval.gpus free, or turn eval "
                 f"off (train.eval.every=-1)")
+
+    def _launch(self) -> None:
+        e, r = self.job.train.eval, self.r
+        gpus = e.gpus if r.device == "cuda" else 0.0
+        self.actor = start_actor(
+            EvalWorker, Placement(cpus=self.job.cluster.cpus_per_actor, gpus=gpus),
+            spec=r.spec, target_path=r.target_path, device=r.device,
+            target_dtype=r.autocast_dtype or torch.float32, prompts=self._prompts(),
+            max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id)
 
     def close(self) -> None:
         if self.actor is None:
@@ -87,10 +103,23 @@ class TauEvaluator:
         return self.actor.evaluate.remote(drafter.weights.remote(), step)
 
     def evaluate(self, drafter: Any, step: int) -> Optional[EvalResult]:
-        """Evaluate now and wait (before or after training); None when eval is off."""
+        """Evaluate now and wait (before or after training); None when eval is off. An
+        evaluator found dead here is replaced and asked once more: nothing else runs now."""
         if not self.enabled:
             return None
-        return ray.get(self.result_ref(drafter, step))
+        actor = self.actor
+        result = self._wait(actor, drafter, step)
+        if self.actor is not None and self.actor is not actor:
+            result = self._wait(self.actor, drafter, step)
+        return result
+
+    def _wait(self, actor: Any, drafter: Any, step: int) -> EvalResult:
+        if actor is None:
+            return self._gone(step)
+        try:
+            return ray.get(actor.evaluate.remote(drafter.weights.remote(), step))
+        except RayError as error:
+            return self._lost(actor, step, error)
 
     def behind_step(self, drafter: Any, step: int,
                     on_done: Callable[[EvalResult], None]) -> AfterStepCall:
@@ -101,8 +130,65 @@ class TauEvaluator:
                         "%d included); raise train.eval.every or lower train.eval.prompts",
                         self.in_flight, step)
 
+        actor = self.actor
+
         def done(result: EvalResult) -> None:
             self.in_flight -= 1
             on_done(result)
-        return AfterStepCall(self.result_ref(drafter, step), done)
+
+        def failed(error: RayError) -> None:
+            done(self._lost(actor, step, error))
+        if actor is None:  # no evaluator left: the figure is reported as failed at once
+            return AfterStepCall(ray.put(self._gone(step)), done, lane=LANE)
+        return AfterStepCall(self.result_ref(drafter, step), done, on_error=failed, lane=LANE)
+
+    # -- a dead evaluator -------------------------------------------------------------------
+    def _lost(self, actor: Any, step: int, error: RayError) -> EvalResult:
+        """The failed result of an evaluation Ray could not run; replaces a dead evaluator.
+
+        ``actor`` is the evaluator the call went to: calls still in flight on one already
+        replaced fail too, and must not start another.
+        """
+        if not _died(error, actor):  # e.g. drafter rank 0, whose weights it needed, died
+            return _failed(step, f"the tau evaluator got no weights: {_first_line(error)}")
+        if actor is self.actor:
+            self._replace(step)
+        return _failed(step, f"the tau evaluator died ({_first_line(error)}); "
+                             f"{'a new one is starting' if self.actor else 'none is left'}")
+
+    def _replace(self, step: int) -> None:
+        limit = self.job.train.recovery.max_restarts
+        kill_actors([self.actor])
+        self.actor = None
+        if self.restarts >= limit:
+            log.warning("the tau evaluator died at the evaluation after step %d with no "
+                        "restart left (train.recovery.max_restarts=%d): tau is not evaluated "
+                        "for the rest of the job; training goes on", step, limit)
+            return
+        self.restarts += 1
+        log.warning("the tau evaluator died at the evaluation after step %d: starting a new "
+                    "one (restart %d of %d, train.recovery.max_restarts); training goes on",
+                    step, self.restarts, limit)
+        self._launch()  # not waited for: the next evaluation queues behind its start-up
+
+    def _gone(self, step: int) -> EvalResult:
+        return _failed(step, "no tau evaluator is left (it died more than "
+                             f"train.recovery.max_restarts={self.job.train.recovery.max_restarts}"
+                             " times)")
+
+
+def _died(error: RayError, actor: Any) -> bool:
+    """Whether ``error`` says ``actor`` died (not some other actor the call depended on)."""
+    if not isinstance(error, RayActorError):
+        return False
+    return getattr(error, "actor_id", None) in (None, actor._actor_id.hex())
+
+
+def _failed(step: int, why: str) -> EvalResult:
+    return EvalResult(step=step, tau=math.nan, num_prompts=0, seconds=0.0, error=why)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 

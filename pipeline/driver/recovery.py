@@ -5,6 +5,10 @@ peers may fail first and differently: a drafter in the all-reduce sees its peer'
 and raises a plain task error. So on any Ray error the driver looks a little longer at what
 is still pending for the actor that died, and restarts only when it finds one; any other
 error is a bug and ends the job as before.
+
+The tau evaluator is not part of the training set: its calls carry their own error handler
+(AfterStepCall.on_error), so they are not among the loop's pending refs, and its death is
+the evaluator's to handle (pipeline/driver/evaluator.py), never a restart of the set.
 """
 
 from __future__ import annotations

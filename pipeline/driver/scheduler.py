@@ -5,6 +5,13 @@ target only when the ledger gives a free slot: backpressure), hands every ready 
 least-busy drafter of the same node, and, once the last micro-batch of step s has been handed
 out, tells every drafter to take step s. Drafters are plain actors that run calls in order, so
 step s's update always lands after its micro-batches and before step s+1's.
+
+Calls the driver queues behind a step (a checkpoint save, a tau evaluation) are handed to
+their handlers in the order they were queued within their lane, whatever order ``ray.wait``
+reports them in (it picks among finished refs in hash order). Calls of one lane run on one
+actor, which finishes them in that order anyway, so the order costs no waiting; separate
+lanes keep a slow evaluation from holding back a checkpoint. A call with an ``on_error``
+handler owns its failures: a dead evaluator costs that evaluation, never the step loop.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import logging
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import ray
+from ray.exceptions import RayError
 
 from pipeline.transport.ledger import SlotLedger
 from pipeline.transport.messages import SlotReady
@@ -44,13 +52,42 @@ class SlotWait:
     taken_at: float
 
 
+# The lane of after-step calls that name none: the driver's checkpoint saves on drafter 0.
+DEFAULT_LANE = "drafter 0"
+
+
 @dataclass(frozen=True)
 class AfterStepCall:
-    """A call the driver queued on a drafter right behind a step (a checkpoint save, a tau
-    evaluation), and what to do with its result once it is done."""
+    """A call the driver queued right behind a step (a checkpoint save on drafter 0, a tau
+    evaluation), and what to do with its result once it is done.
+
+    Handlers of one ``lane`` run in the order the calls were queued: give calls that one actor
+    runs the same lane. Without ``on_error`` a failed call raises out of the step loop (the
+    driver's recovery then looks for the lost actor); with it, the error goes to ``on_error``
+    and the loop goes on.
+    """
 
     ref: Any  # ray.ObjectRef
     on_done: Callable[[Any], None]
+    on_error: Optional[Callable[[RayError], None]] = None
+    lane: str = DEFAULT_LANE
+
+
+@dataclass
+class _Queued:
+    """An after-step call in its lane; ``done`` once its outcome is in, until handed over."""
+
+    call: AfterStepCall
+    done: bool = False
+    value: Any = None
+    error: Optional[RayError] = None
+
+    def hand_over(self) -> None:
+        if self.error is not None:
+            assert self.call.on_error is not None, "an unguarded error is raised at once"
+            self.call.on_error(self.error)
+        else:
+            self.call.on_done(self.value)
 
 
 @dataclass
@@ -83,6 +120,7 @@ class _StepState:
 
 
 # What to do with a finished ref's value: each pending ref carries its own bound handler.
+# An after-step call waits as a _Queued entry instead: its handler may have to wait its turn.
 Handler = Callable[[Any], None]
 
 
@@ -90,9 +128,11 @@ class StepLoop:
     def __init__(self, topo: Topology, end_step: int, first_step: int = 0,
                  on_step: Optional[Callable[[StepReport], None]] = None,
                  after_step: Optional[Callable[[int], list[AfterStepCall]]] = None,
-                 max_queued_per_drafter: int = 2) -> None:
+                 max_queued_per_drafter: int = 2,
+                 start_calls: Sequence[AfterStepCall] = ()) -> None:
         """``after_step(step)`` returns the calls the driver queued behind step ``step``; the
-        loop runs until those are done too."""
+        loop runs until those are done too. ``start_calls`` were queued before the first step
+        (tau before training, beside it) and are collected the same way."""
         self.t = topo
         self.num_steps = end_step
         self.after_step = after_step
@@ -106,7 +146,11 @@ class StepLoop:
         self.waiting: deque[tuple[MicroBatchMeta, Any]] = deque()
         self.batch_of: dict[tuple[int, int], tuple[MicroBatchMeta, Any]] = {}
         self.ready_since: dict[tuple[int, int], float] = {}
-        self.pending: dict[Any, Handler] = {}
+        # Refs whose failure ends the loop (the driver's recovery scans them for a lost actor).
+        self.pending: dict[Any, Handler | _Queued] = {}
+        # After-step calls that handle their own failures (their actor is not the loop's).
+        self.guarded: dict[Any, _Queued] = {}
+        self.lanes: dict[str, deque[_Queued]] = defaultdict(deque)
         self.queued = [0] * len(topo.drafters)
         self.steps: dict[int, _StepState] = defaultdict(_StepState)
         self.exhausted = False
@@ -114,6 +158,8 @@ class StepLoop:
         self.after_step_in_flight = 0
         self.prefetch_depth = len(topo.targets) * topo.num_slots + len(topo.drafters)
         self.step_started = time.perf_counter()
+        for call in start_calls:
+            self._track(call)
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -121,12 +167,22 @@ class StepLoop:
             self._prefetch()
             self._feed_targets()
             self._feed_drafters()
-            if not self.pending:
+            if not self.pending and not self.guarded:
                 raise RuntimeError(f"step loop stalled at step {self.next_step_to_close}: "
                                    "nothing in flight and the step is not complete")
-            done, _ = ray.wait(list(self.pending), num_returns=1)
+            done, _ = ray.wait([*self.pending, *self.guarded], num_returns=1)
             for ref in done:
-                self.pending.pop(ref)(ray.get(ref))
+                self._complete(ref)
+
+    def _complete(self, ref: Any) -> None:
+        if ref in self.guarded:
+            self._on_after_step(self.guarded.pop(ref), ref)
+            return
+        waiter = self.pending.pop(ref)
+        if isinstance(waiter, _Queued):
+            self._on_after_step(waiter, ref)
+        else:
+            waiter(ray.get(ref))
 
     def _prefetch(self) -> None:
         while (not self.exhausted and
@@ -193,8 +249,7 @@ class StepLoop:
         for handle in self.t.drafters:
             self.pending[handle.step.remote(step)] = self._on_step_result
         for call in (self.after_step(step) if self.after_step else []):
-            self.pending[call.ref] = functools.partial(self._on_after_step, call)
-            self.after_step_in_flight += 1
+            self._track(call)
         self.dispatch_step += 1
 
     # -- completions: one bound handler per kind of call ------------------------------------
@@ -222,9 +277,25 @@ class StepLoop:
         self.steps[result.step].results.append(result)
         self._close_completed()
 
-    def _on_after_step(self, call: AfterStepCall, value: Any) -> None:
-        self.after_step_in_flight -= 1
-        call.on_done(value)
+    def _track(self, call: AfterStepCall) -> None:
+        queued = _Queued(call)
+        (self.pending if call.on_error is None else self.guarded)[call.ref] = queued
+        self.lanes[call.lane].append(queued)
+        self.after_step_in_flight += 1
+
+    def _on_after_step(self, queued: _Queued, ref: Any) -> None:
+        """Keep the outcome, then hand over every finished call at the head of its lane."""
+        try:
+            queued.value = ray.get(ref)
+        except RayError as exc:
+            if queued.call.on_error is None:
+                raise
+            queued.error = exc
+        queued.done = True
+        lane = self.lanes[queued.call.lane]
+        while lane and lane[0].done:
+            self.after_step_in_flight -= 1
+            lane.popleft().hand_over()
 
     def _close_completed(self) -> None:
         """Report completed steps in order (results of step s+1 may be seen before s's)."""

@@ -1,21 +1,27 @@
 """tau evaluation off the critical path: its own actor, fed weights behind a step.
 
-Two promises: the evaluator computes the same tau as the old path (drafter rank 0 evaluating
-its own model) for the same weights, and the step loop trains on while an evaluation runs. The
-second is shown without timing: the evaluation is held by a file gate that only the last
-step's report opens, so a loop that waited for it would never get there.
+Three promises: the evaluator computes the same tau as the old path (drafter rank 0 evaluating
+its own model) for the same weights; the step loop trains on while an evaluation runs; and a
+killed evaluator costs an evaluation, not the training job. The second is shown without
+timing: the evaluation is held by a file gate that only the last step's report opens, so a
+loop that waited for it would never get there.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import time
 from pathlib import Path
 from typing import Optional
 
+import ray
 import torch
 
 from pipeline.driver.compose import compose_job
 from pipeline.driver.evaluator import TauEvaluator
+from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport, Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import resolve_job
@@ -162,3 +168,53 @@ def test_step_loop_trains_on_while_an_evaluation_runs(ray_session, tmp_path):
         evaluator.close()
         kill_actors([prefetcher, target, *drafters])
     assert events == [("step", s) for s in range(1, 7)] + [("eval", 2)]
+
+
+# -- 3. a dead evaluator costs a figure, never the training job -----------------------------
+
+def _wait_dead(actor, timeout_s: float = 30.0) -> None:
+    """ray.kill is asynchronous: wait until the actor really answers no more."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed evaluator still answers")
+
+
+def test_a_killed_evaluator_is_restarted_and_training_goes_on(ray_cluster, small_train_file,
+                                                              tmp_path, caplog):
+    """The evaluator is killed after step 1 with an evaluation due every 2 steps. Whichever
+    evaluation meets the dead actor first (one behind a step, or tau after training) reports
+    it; the evaluator is started again, and tau after training is still measured."""
+    out = tmp_path / "run"
+    driver = Driver(compose_job([
+        "cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
+        "train.export_dtype=float32", "data.micro_batch_size=2", "train.plan.max_steps=6",
+        "train.log_every=100",
+        "train.eval.every=2", "train.eval.prompts=2", "train.eval.max_new_tokens=8",
+        f"data.train_path={small_train_file}", f"train.out_dir={out}"]))
+    killed = []
+
+    def kill_evaluator(done: int) -> None:
+        if done == 1 and not killed:
+            killed.append(driver.evaluator.actor)
+            ray.kill(killed[0])
+            _wait_dead(killed[0])
+    driver.step_listeners.append(kill_evaluator)
+    with caplog.at_level(logging.INFO):
+        summary = driver.run()
+
+    assert killed and summary.restarts == [], "the evaluator's death restarted training"
+    assert len(summary.losses) == summary.steps
+    assert all(math.isfinite(loss) for loss in summary.losses)
+    assert summary.end_step == 6
+    assert "the tau evaluator died" in caplog.text and "starting a new one" in caplog.text
+    assert driver.evaluator.restarts == 1
+    assert summary.tau_after is not None and math.isfinite(summary.tau_after)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    taus = [(r["step"], r["eval/tau"]) for r in rows if "eval/tau" in r]
+    logging.getLogger(__name__).warning("tau rows (step, tau) around the kill: %s", taus)
+    assert taus[-1] == (summary.end_step, summary.tau_after)

@@ -5,6 +5,10 @@ drafter has copied yet (backpressure), and a drafter refuses a micro-batch whose
 other samples. A file gate makes drafter 0 finish step 0 only after drafter 1 finished step 1,
 so results arrive out of order by construction, not by timing. (The gated run needs a spare
 slot: drafter 0's queued loads hold theirs until the gate opens.)
+
+After-step calls (checkpoint saves, tau evaluations) are handed to their handlers in the order
+they were queued within a lane, whatever order Ray reports them in; another lane does not
+wait for them; a call with ``on_error`` costs only itself when it fails.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Optional
 import pytest
 import ray
 import torch
+from ray.exceptions import RayActorError, RayTaskError
 
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport, Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
@@ -130,8 +135,27 @@ class FakeDrafter:
     def echo(self, value: int) -> int:
         return value
 
+    def fail(self) -> None:
+        raise ValueError("an after-step call failed")
+
     def close(self) -> None:
         self.reader.close()
+
+
+class Gated:
+    """Answers once its gate file exists, so a call finishes late by construction (after a
+    minute it answers anyway, saying so, and the test fails on that answer)."""
+
+    def __init__(self, *, gate: Optional[str]) -> None:
+        self.gate = Path(gate) if gate else None
+
+    def echo(self, value: int) -> object:
+        deadline = time.monotonic() + 60
+        while self.gate is not None and not self.gate.exists():
+            if time.monotonic() > deadline:
+                return "the gate never opened: a lane waited for another"
+            time.sleep(0.01)
+        return value
 
 
 @pytest.fixture()
@@ -178,7 +202,62 @@ def test_steps_close_in_order_when_results_arrive_out_of_order(fakes, tmp_path):
         # Each drafter stepped over exactly the micro-batches it trained in this step.
         assert sum(r.denominator for r in report.results) == 2 * len(planned)
         assert len(report.produced) == len(report.slot_waits) == len(planned)
-    assert done_after == [0, 1, 2, 3], "after-step calls must all finish before run returns"
+    # Queued in one lane: handed over in step order, all of them before run returns.
+    assert done_after == [0, 1, 2, 3]
+
+
+def test_after_step_handlers_keep_their_lane_order_and_lanes_do_not_wait(fakes, tmp_path):
+    """Lane "slow": step 0's call finishes only once lane "free" handled step 2, step 1's at
+    once; its handlers still run 0 then 1. Were lanes one queue, the gate would never open."""
+    topo = fakes(plan(num_steps=3, per_step=2), num_slots=2)
+    gate = tmp_path / "lane_gate"
+    slow = start_actor(Gated, Placement(cpus=0.1), gate=str(gate))
+    events: list[tuple[str, object]] = []
+
+    def free_done(step: int) -> None:
+        events.append(("free", step))
+        if step == 2:
+            gate.touch()
+
+    def after_step(step: int) -> list[AfterStepCall]:
+        calls = [AfterStepCall(topo.drafters[1].echo.remote(step), free_done, lane="free")]
+        if step < 2:
+            actor = slow if step == 0 else topo.drafters[0]
+            calls.append(AfterStepCall(actor.echo.remote(step),
+                                       lambda value: events.append(("slow", value)),
+                                       lane="slow"))
+        return calls
+
+    try:
+        StepLoop(topo, end_step=3, after_step=after_step).run()
+    finally:
+        kill_actors([slow])
+    assert events == [("free", 0), ("free", 1), ("free", 2), ("slow", 0), ("slow", 1)]
+
+
+def test_a_failed_after_step_call_with_on_error_costs_only_itself(fakes):
+    dead = start_actor(Gated, Placement(cpus=0.1), gate=None)
+    ray.get(dead.echo.remote(0))
+    ray.kill(dead)
+    topo = fakes(plan(num_steps=2, per_step=2), num_slots=2)
+    done, errors = [], []
+
+    def guarded(step: int) -> list[AfterStepCall]:
+        ref = topo.drafters[0].fail.remote() if step == 0 else dead.echo.remote(step)
+        return [AfterStepCall(ref, done.append, on_error=errors.append, lane="guarded")]
+
+    reports: list[StepReport] = []
+    loop = StepLoop(topo, end_step=2, on_step=reports.append, after_step=guarded)
+    loop.run()
+    assert [r.step for r in reports] == [0, 1] and done == []
+    assert len(errors) == 2 and isinstance(errors[0], RayTaskError)
+    assert "an after-step call failed" in str(errors[0])
+    assert isinstance(errors[1], RayActorError)  # the call's actor died
+    # Without on_error the same failure raises out of the loop: the driver's recovery decides.
+    ref = dead.echo.remote(2)
+    loop._track(AfterStepCall(ref, done.append))
+    with pytest.raises(RayActorError):
+        loop._complete(ref)
 
 
 def test_a_full_ring_holds_back_the_target(fakes):
