@@ -5,14 +5,14 @@ a stage that is nearly done must finish, with the overrun in the result file.
 """
 
 import logging
-import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from bench.quality import proc
+from bench.quality import proc, stages
 from bench.quality.clock import StageClock
-from bench.quality.scale import SCALES
+from bench.quality.scale import SCALES, TINY
 
 
 def _python(code: str) -> list[str]:
@@ -82,3 +82,38 @@ def test_every_scale_leaves_room_to_overrun(name):
     if scale.run_limit_s:
         # The run limit keeps the result file inside one 600 s GPU command, after the budgets.
         assert total < scale.run_limit_s <= 590
+
+
+def _finished(name: str, stopped: bool, wall_s: float = 5.0) -> proc.Finished:
+    return proc.Finished(name, returncode=-2 if stopped else 0, wall_s=wall_s, budget_s=4.0,
+                         limit_s=12.0, stopped=stopped, log_path=Path(f"/nonexistent/{name}"))
+
+
+def test_trainers_get_budget_and_hard_limit_and_report_both(tmp_path, monkeypatch):
+    started = {}
+
+    def start(name, args, log_path, budget_s, limit_s):
+        started[name] = (budget_s, limit_s)
+        return name
+
+    monkeypatch.setattr(proc, "start", start)
+    monkeypatch.setattr(proc, "wait", lambda name: _finished(name, stopped=name == "reference"))
+    clock = StageClock(hard_limit_factor=3.0)
+    trainers = stages.drafters(TINY, stages.Paths(tmp_path), clock)
+    assert started == {name: (TINY.train_budget_s, 3.0 * TINY.train_budget_s)
+                       for name in ("pipeline", "reference")}
+    summary = stages.trainer_summary(trainers)
+    assert summary["pipeline"]["over_budget"] and not summary["pipeline"]["stopped"]
+    assert summary["reference"]["stopped"] and summary["reference"]["hard_limit_s"] == 12.0
+
+
+def test_regeneration_stopped_at_its_hard_limit_says_which_budget_to_raise(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setattr(stages, "write_prompts", lambda path, *a: Path(path).write_text("") or 0)
+    monkeypatch.setattr(proc, "run", lambda *a: _finished("regenerate", stopped=True))
+    paths = stages.Paths(tmp_path)
+    paths.prompts.parent.mkdir(parents=True)
+    streams = {"train": None, "heldout": None}
+    with pytest.raises(RuntimeError, match="stopped at its hard limit of 12 s .*raise "
+                                           "regen_budget_s in bench/quality/scale.py"):
+        stages.data(TINY, None, streams, paths, StageClock())
