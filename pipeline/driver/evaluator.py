@@ -100,7 +100,7 @@ class TauEvaluator:
         """ObjectRef of an :class:`EvalResult` for ``drafter``'s weights as of now in its
         queue (behind every call already sent to it)."""
         assert self.actor is not None, "the tau evaluator is not started"
-        return self.actor.evaluate.remote(drafter.weights.remote(), step)
+        return _result_ref(self.actor, drafter, step)
 
     def evaluate(self, drafter: Any, step: int) -> Optional[EvalResult]:
         """Evaluate now and wait (before or after training); None when eval is off. An
@@ -117,7 +117,7 @@ class TauEvaluator:
         if actor is None:
             return self._gone(step)
         try:
-            return ray.get(actor.evaluate.remote(drafter.weights.remote(), step))
+            return ray.get(_result_ref(actor, drafter, step))
         except RayError as error:
             return self._lost(actor, step, error)
 
@@ -175,6 +175,10 @@ class TauEvaluator:
         return _failed(step, "no tau evaluator is left (it died more than "
                              f"train.recovery.max_restarts={self.job.train.recovery.max_restarts}"
                              " times)")
+
+
+def _result_ref(actor: Any, drafter: Any, step: int) -> Any:
+    return actor.evaluate.remote(drafter.weights.remote(), step)
 
 
 def _died(error: RayError, actor: Any) -> bool:

@@ -8,10 +8,11 @@ step s's update always lands after its micro-batches and before step s+1's.
 
 Calls the driver queues behind a step (a checkpoint save, a tau evaluation) are handed to
 their handlers in the order they were queued within their lane, whatever order ``ray.wait``
-reports them in (it picks among finished refs in hash order). Calls of one lane run on one
-actor, which finishes them in that order anyway, so the order costs no waiting; separate
-lanes keep a slow evaluation from holding back a checkpoint. A call with an ``on_error``
-handler owns its failures: a dead evaluator costs that evaluation, never the step loop.
+reports them in (of several finished refs it may report a later one first). Calls of one
+lane run on one actor, which finishes them in that order anyway, so the order costs no
+waiting; separate lanes keep a slow evaluation from holding back a checkpoint. A call with an
+``on_error`` handler owns its failures: a dead evaluator costs that evaluation, never the
+step loop.
 """
 
 from __future__ import annotations
