@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 
+from pipeline.data.config import DataConfig
 from pipeline.data.dataset import Sample
 
 
-def _generator_seed(seed: int, epoch: int) -> int:
+def _generator_seed(seed: int, epoch: int, salt: str = "dflash-epoch") -> int:
     # A hash rather than arithmetic: (seed, epoch) pairs never collide (seed*K + epoch would
     # make seed 1 epoch 0 equal seed 0 epoch K), and the result is the same on every machine.
-    digest = hashlib.sha256(f"dflash-epoch:{seed}:{epoch}".encode()).digest()
+    digest = hashlib.sha256(f"{salt}:{seed}:{epoch}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -36,6 +38,86 @@ def micro_batches(order: Sequence[int], micro_batch_size: int) -> list[list[int]
         raise ValueError(f"micro_batch_size={micro_batch_size!r} is not allowed: "
                          f"expected an int >= 1")
     return [list(order[i:i + micro_batch_size]) for i in range(0, len(order), micro_batch_size)]
+
+
+@dataclass(frozen=True)
+class BatchShapes:
+    """How micro-batches are cut and padded, resolved once from the data and drafter config.
+
+    Pad mode (``buckets`` empty): ``micro_batch_size`` samples per micro-batch, padded to
+    ``pad_to`` (None: the longest of the batch). Bucket mode: bucket ``i`` holds the samples
+    of length in (buckets[i-1], buckets[i]]; its micro-batches have ``rows[i]`` samples
+    (fewer in its last one of an epoch), padded to ``buckets[i]``.
+    """
+
+    micro_batch_size: int
+    pad_to: Optional[int] = None
+    buckets: tuple[int, ...] = ()
+    rows: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, data: DataConfig, static_shapes: bool,
+                    num_anchors: int) -> "BatchShapes":
+        if data.batching == "pad":
+            return cls(data.micro_batch_size, data.max_length if static_shapes else None)
+        buckets = data.resolved_buckets()
+        tokens = data.resolved_tokens_per_micro_batch()
+        anchors = data.anchors_per_micro_batch
+        rows = tuple(max(1, min(tokens // length,
+                                anchors // min(num_anchors, length) if anchors else tokens))
+                     for length in buckets)
+        return cls(data.micro_batch_size, None, buckets, rows)
+
+    @property
+    def bucketed(self) -> bool:
+        return bool(self.buckets)
+
+    def bucket_of(self, length: int) -> int:
+        """Index of the smallest bucket that holds ``length`` tokens."""
+        i = bisect.bisect_left(self.buckets, length)
+        assert i < len(self.buckets), f"a {length}-token sample is beyond every bucket"
+        return i
+
+    def width(self, lengths: Sequence[int]) -> Optional[int]:
+        """``pad_to`` for a micro-batch of samples of these lengths."""
+        if not self.bucketed:
+            return self.pad_to
+        return self.buckets[self.bucket_of(max(lengths))]
+
+    def max_tokens(self, max_length: int) -> int:
+        """Rows x width of the largest micro-batch: what a slot of the feature ring holds."""
+        if not self.bucketed:
+            return self.micro_batch_size * max_length
+        return max(r * b for r, b in zip(self.rows, self.buckets))
+
+    def micro_batches(self, order: Sequence[int], lengths: Mapping[int, int], seed: int,
+                      epoch: int) -> list[list[int]]:
+        """One epoch's micro-batches from its sample order (see :func:`bucket_micro_batches`)."""
+        if not self.bucketed:
+            return micro_batches(order, self.micro_batch_size)
+        return bucket_micro_batches(order, lengths, self, seed, epoch)
+
+
+def bucket_micro_batches(order: Sequence[int], lengths: Mapping[int, int], shapes: BatchShapes,
+                         seed: int, epoch: int) -> list[list[int]]:
+    """Split ``order`` by bucket, cut each bucket's samples (in order) into micro-batches of its
+    row count, then interleave all of them in a shuffled order drawn from (seed, epoch).
+
+    Every sample lands in exactly one micro-batch, and the result depends only on (order,
+    lengths, shapes, seed, epoch). Only a bucket's last micro-batch may have fewer rows, so a
+    bucket gives at most two shapes.
+    """
+    per_bucket: list[list[int]] = [[] for _ in shapes.buckets]
+    for sid in order:
+        per_bucket[shapes.bucket_of(lengths[sid])].append(sid)
+    mbs = [mb for ids, rows in zip(per_bucket, shapes.rows) for mb in micro_batches(ids, rows)]
+    generator = torch.Generator().manual_seed(_generator_seed(seed, epoch, "dflash-buckets"))
+    return [mbs[i] for i in torch.randperm(len(mbs), generator=generator).tolist()]
+
+
+def sample_lengths(samples) -> dict[int, int]:
+    """Sample id -> tokens, for an iterable of samples (a ChatDataset)."""
+    return {s.sample_id: int(s.input_ids.numel()) for s in samples}
 
 
 @dataclass

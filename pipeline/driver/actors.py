@@ -17,6 +17,7 @@ from typing import Any, Optional
 import ray
 
 from pipeline.config import JobConfig
+from pipeline.data.batching import BatchShapes
 from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
@@ -183,9 +184,16 @@ class ActorGroup:
         return self.job.cluster.num_drafters * self.job.train.plan.grad_accum
 
     @property
+    def _shapes(self) -> BatchShapes:
+        d = self.job.drafter
+        return BatchShapes.from_config(self.job.data, d.static_shapes, d.num_anchors)
+
+    @property
     def _slot_numel(self) -> int:
-        """A slot holds the largest micro-batch's features: [micro_batch, max_length, taps*H]."""
-        return self.job.data.micro_batch_size * self.job.data.max_length * self.r.spec.feature_size
+        """A slot holds the largest micro-batch's features: [rows, length, taps*H], where rows x
+        length is micro_batch x max_length padded, and at most the token budget bucketed."""
+        tokens = self._shapes.max_tokens(self.job.data.max_length)
+        return tokens * self.r.spec.feature_size
 
     # -- starting ---------------------------------------------------------------------------
     def _start_prefetcher(self) -> Any:
@@ -196,7 +204,7 @@ class ActorGroup:
             block_size=r.spec.block_size, epochs=plan.epochs,
             micro_batches_per_step=self.micro_batches_per_step, max_steps=plan.max_steps,
             pad_token_id=r.pad_token_id,
-            pad_to=job.data.max_length if job.drafter.static_shapes else None,
+            shapes=self._shapes,
             resume=self.resume)
 
     def _start_node(self, n: int, group: NodeGroup, plan: PlanSummary) -> None:

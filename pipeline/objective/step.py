@@ -40,7 +40,9 @@ class Objective:
                    static_shapes=cfg.static_shapes)
 
     def anchors(self, loss_mask: torch.Tensor, sample_ids, seed: int, epoch: int) -> Anchors:
-        pad_to = self.num_anchors if self.static_shapes else None
+        """Per row up to ``num_anchors``; static shapes pad them to min(num_anchors, S), which
+        fixes the anchor width per padded length S (a sample has fewer than S anchors)."""
+        pad_to = min(self.num_anchors, loss_mask.shape[1]) if self.static_shapes else None
         return sample_anchors(loss_mask, sample_ids, self.num_anchors, seed, epoch, pad_to)
 
 

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
+from pipeline.data.config import MAX_BUCKETS
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
@@ -71,6 +72,12 @@ class DrafterTrainer:
     def _compiled(self, mode: str) -> Callable[..., torch.Tensor]:
         if mode == "off":
             return self.model
+        # Each micro-batch shape is one compiled graph: with data.batching=bucket up to two per
+        # bucket (its full and its epoch-tail micro-batch), for at most MAX_BUCKETS buckets.
+        # Past the limit dynamo would fall back to eager for every new shape.
+        config = torch._dynamo.config
+        key = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, key, max(getattr(config, key), 2 * MAX_BUCKETS + 2))
         return torch.compile(self.model, mode=None if mode == "default" else mode,
                              dynamic=False if self.options.static_shapes else None)
 

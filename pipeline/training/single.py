@@ -15,6 +15,7 @@ import torch
 
 from pipeline.config import JobConfig
 from pipeline.data import Batch, ChatDataset, collate
+from pipeline.data.batching import BatchShapes, sample_lengths
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.target import load_target, load_target_head
 from pipeline.resolve import ResolvedJob, resolve_job
@@ -25,11 +26,17 @@ from pipeline.training.plan import StepPlan, job_plan
 log = logging.getLogger(__name__)
 
 
-def plan_for(job: JobConfig, sample_ids: list[int]) -> list[StepPlan]:
+def batch_shapes(job: JobConfig) -> BatchShapes:
+    """How the job cuts and pads micro-batches (the Ray pipeline's prefetcher gets the same)."""
+    return BatchShapes.from_config(job.data, job.drafter.static_shapes, job.drafter.num_anchors)
+
+
+def plan_for(job: JobConfig, dataset: ChatDataset) -> list[StepPlan]:
     """The job's step plan: num_drafters * grad_accum micro-batches per step."""
-    plan = job.train.plan
-    return job_plan(sample_ids, job.data.seed, plan.epochs, job.data.micro_batch_size,
-                    job.cluster.num_drafters * plan.grad_accum, plan.max_steps)
+    plan, shapes = job.train.plan, batch_shapes(job)
+    return job_plan(dataset.sample_ids, job.data.seed, plan.epochs, job.data.micro_batch_size,
+                    job.cluster.num_drafters * plan.grad_accum, plan.max_steps, shapes=shapes,
+                    lengths=sample_lengths(dataset) if shapes.bucketed else None)
 
 
 class SingleProcessTrainer:
@@ -41,13 +48,13 @@ class SingleProcessTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(r.target_path)
         self.dataset = ChatDataset(r.train_path, self.tokenizer, job.data, r.spec.block_size)
         log.info("data: %s", self.dataset.stats.summary())
-        self.plans = plan_for(job, self.dataset.sample_ids)
+        self.plans = plan_for(job, self.dataset)
         self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
                                   r.target_dtype, compile=job.target.compile)
         self.drafter = DrafterTrainer(r.spec, job.drafter, job.train.optim, job.train.seed,
                                       load_target_head(r.target_path), r.device,
                                       r.autocast_dtype, total_steps=len(self.plans))
-        self.pad_to = job.data.max_length if job.drafter.static_shapes else None
+        self.shapes = batch_shapes(job)
         self._full_target = None  # loaded on the first tau evaluation
 
     def evaluate_tau(self) -> float:
@@ -70,7 +77,9 @@ class SingleProcessTrainer:
 
     def run_step(self, plan: StepPlan) -> tuple[StepTotals, float]:
         for mb in plan.micro_batches:
-            batch = collate([self.dataset[i] for i in mb], self.r.pad_token_id, self.pad_to)
+            samples = [self.dataset[i] for i in mb]
+            pad_to = self.shapes.width([s.input_ids.numel() for s in samples])
+            batch = collate(samples, self.r.pad_token_id, pad_to)
             feats = self.features(batch)
             self.drafter.forward_backward(feats, batch.input_ids, batch.loss_mask,
                                           list(batch.sample_ids), plan.epoch)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.data import ChatDataset, DataConfig, collate
+from pipeline.data.batching import BatchShapes, sample_lengths
 from pipeline.training.plan import ResumePoint, StepPlan, job_plan
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 
@@ -39,7 +40,7 @@ class PlanSummary:
 class Prefetcher:
     def __init__(self, *, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
                  epochs: int, micro_batches_per_step: int, max_steps: Optional[int],
-                 pad_token_id: int, pad_to: Optional[int],
+                 pad_token_id: int, shapes: BatchShapes,
                  resume: Optional[ResumePoint] = None) -> None:
         from transformers import AutoTokenizer
 
@@ -51,7 +52,9 @@ class Prefetcher:
         self.micro_batches_per_step = micro_batches_per_step
         self.max_steps = max_steps
         self.pad_token_id = pad_token_id
-        self.pad_to = pad_to
+        # Micro-batch shapes: padded to one width, or cut and padded per length bucket.
+        self.shapes = shapes
+        self.lengths = sample_lengths(self.dataset) if shapes.bucketed else None
         self.replan(resume)
 
     def replan(self, resume: Optional[ResumePoint]) -> "PlanSummary":
@@ -62,7 +65,8 @@ class Prefetcher:
         self.plans: list[StepPlan] = job_plan(
             self.dataset.sample_ids, self.data.seed, self.epochs, self.data.micro_batch_size,
             self.micro_batches_per_step, self.max_steps, start_epoch=resume.epoch,
-            samples_done=resume.samples_done, steps_done=resume.step)
+            samples_done=resume.samples_done, steps_done=resume.step, shapes=self.shapes,
+            lengths=self.lengths)
         # The flat order of (step, index) pairs; the cursor walks it.
         self.order = [(s, i) for s, plan in enumerate(self.plans)
                       for i in range(len(plan.micro_batches))]
@@ -89,7 +93,9 @@ class Prefetcher:
         self.cursor += 1
         plan = self.plans[step]
         ids = plan.micro_batches[index]
-        batch = collate([self.dataset[i] for i in ids], self.pad_token_id, self.pad_to)
+        samples = [self.dataset[i] for i in ids]
+        pad_to = self.shapes.width([s.input_ids.numel() for s in samples])
+        batch = collate(samples, self.pad_token_id, pad_to)
         meta = MicroBatchMeta(step=self.first_step + step, epoch=plan.epoch, index=index,
                               num_in_step=len(plan.micro_batches), sample_ids=tuple(ids),
                               shape=tuple(batch.input_ids.shape))
