@@ -38,10 +38,17 @@ def _flex_kernel():
     Run eagerly, flex_attention falls back to a reference path that materialises the full
     [N, heads, Q, K] scores (104 GB at the Qwen3-8B shape). Inside a compiled drafter it is
     already fused; an uncompiled drafter on CUDA gets this compiled kernel instead.
+
+    ``dynamic=None`` (automatic dynamic): the first shape compiles static, the first change of
+    sequence length or anchor count recompiles once with symbolic sizes, and that kernel
+    serves every later shape. ``dynamic=False`` recompiled for every new shape and, past
+    dynamo's ``recompile_limit`` (8), ran the materialising eager path: an OOM with
+    ``static_shapes=false`` at the 8B shape. Under static shapes only one shape is ever seen,
+    so it still compiles once, statically.
     """
     global _compiled_flex
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention, dynamic=None)
     return _compiled_flex
 
 
