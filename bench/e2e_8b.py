@@ -35,10 +35,35 @@ from pathlib import Path
 from bench.scale.synthetic import build_target, write_chats
 
 
-def _drafter_pid() -> int | None:
-    out = subprocess.run(["pgrep", "-f", "ray::DrafterWorker"], capture_output=True, text=True)
-    pids = [int(p) for p in out.stdout.split()]
-    return pids[0] if pids else None
+def _descendants(root: int) -> list[int]:
+    """Every process under ``root``, read from /proc (parent pid is field 4 of stat)."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        kids = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def _drafter_pid(root: int) -> int | None:
+    """The drafter actor's process among ``root``'s descendants (the CLI's own local Ray:
+    another Ray on the machine, e.g. a test suite, has drafters of its own)."""
+    for pid in _descendants(root):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"DrafterWorker" in title:
+            return pid
+    return None
 
 
 def _rows(metrics: Path) -> list[dict]:
@@ -59,17 +84,27 @@ def _command(args, target: Path, data: Path, run_dir: Path) -> list[str]:
             "train.eval.max_new_tokens=64", "train.log_every=10", f"train.out_dir={run_dir}"]
 
 
-def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int) -> dict:
-    """Run the CLI; SIGKILL the drafter once ``kill_at`` steps are logged."""
+def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
+                  deadline_s: float) -> dict:
+    """Run the CLI; SIGKILL the drafter once ``kill_at`` steps are logged; stop the whole job
+    at ``deadline_s`` (the figures then cover what it did by then)."""
     t_launch = time.time()
     killed_at = None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
         while proc.poll() is None:
             time.sleep(0.5)
+            if time.time() - t_launch > deadline_s:
+                print(f"[e2e] deadline of {deadline_s:.0f}s reached: stopping the job", flush=True)
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                break
             if killed_at is None and any(r.get("step", 0) >= kill_at and "train/loss" in r
                                          for r in _rows(metrics)):
-                pid = _drafter_pid()
+                pid = _drafter_pid(proc.pid)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     killed_at = time.time()
@@ -82,6 +117,8 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
                loss_rtol: float) -> dict:
     train = [r for r in rows if "train/loss" in r]
     steps = max(r["step"] for r in train)
+    times["exit"] = max(times["exit"], train[-1]["time"]) if times["returncode"] == 0 else \
+        train[-1]["time"]  # a job stopped at the deadline: wall time up to its last step
     step_times = [r["perf/step_time_s"] for r in train if r["step"] > 10]
     median_step = statistics.median(step_times)
     killed = times["killed_at"]
@@ -131,6 +168,8 @@ def main(argv=None) -> dict:
     p.add_argument("--anchors", type=int, default=256)
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--loss-rtol", type=float, default=1e-3)
+    p.add_argument("--deadline-s", type=float, default=480.0,
+                   help="stop the job after this long and report what it did")
     args = p.parse_args(argv)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -144,13 +183,15 @@ def main(argv=None) -> dict:
     run_dir = work / "run"
     log_path = out / "e2e_8b_train.log"
     times = _run_and_kill(_command(args, target, data, run_dir), log_path,
-                          run_dir / "metrics.jsonl", args.kill_at)
+                          run_dir / "metrics.jsonl", args.kill_at, args.deadline_s)
     log_text = log_path.read_text()
     result = {"machine": _gpu_name(), "date": time.strftime("%Y-%m-%d"),
               "command": "python -m bench.e2e_8b " + " ".join(argv or sys.argv[1:]),
               "returncode": times["returncode"]}
-    if times["returncode"] == 0:
-        result.update(_summarise(times, _rows(run_dir / "metrics.jsonl"), log_text,
+    rows = _rows(run_dir / "metrics.jsonl")
+    result["completed"] = times["returncode"] == 0
+    if any("train/loss" in r for r in rows):
+        result.update(_summarise(times, rows, log_text,
                                  samples_per_step=2 * args.micro_batch, loss_rtol=args.loss_rtol))
         result["exported"] = (run_dir / "export" / "model.safetensors").exists()
     (out / "h200_e2e_8b.json").write_text(json.dumps(result, indent=2))
