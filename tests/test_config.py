@@ -29,6 +29,16 @@ def test_qwen3_8b_preset_is_the_published_recipe():
     assert job.train.checkpoint.resume == "auto" and job.train.eval.prompts == 64
 
 
+def test_the_8b_preset_takes_another_max_length_alone():
+    """The preset's buckets follow data.max_length: a shorter length is one override (the
+    e2e benchmark's 800-token run was refused when the preset listed buckets up to 3072)."""
+    job = compose_job(["data.max_length=800"], config_name="qwen3_8b")
+    assert job.data.resolved_buckets()[-1] == 800
+    bucketed = compose_job(["data.max_length=800", "data.batching=bucket"],
+                           config_name="qwen3_8b")
+    assert bucketed.data.resolved_buckets()[-1] == 800
+
+
 def test_group_selection_and_overrides():
     job = compose_job(["logger=wandb", "cluster=node8", "drafter.gamma=5.5",
                        "+logger.wandb_init.tags=[a,b]"])
