@@ -199,6 +199,7 @@ def main(argv=None) -> dict:
         "ideal_samples_per_s": ideal,
         "efficiency": rate["bucket"] / ideal,
         "speedup": rate["bucket"] / rate["padded"],
+        **_node8_prediction(rate["bucket"] / rate["padded"]),
         "distribution": {**lengths_mix.distribution(scale),
                          "measured_tokens": lengths_mix.summarize(mix_lengths),
                          "tokens_per_word": per_word},
@@ -216,6 +217,20 @@ def main(argv=None) -> dict:
           f"{rate['bucket']:.2f}, ideal {ideal:.2f} samples/s (efficiency "
           f"{result['efficiency']:.2f}, {result['speedup']:.2f}x padded)", flush=True)
     return result
+
+
+def _node8_prediction(speedup: float) -> dict:
+    """8x H200 by cluster.layout=auto's formula (pipeline/driver/layout.py): the node8
+    preset's per-role rates at 3072 padded tokens, each scaled by the speedup this mix
+    measured on the co-located pipeline (an assumption: both roles gain alike)."""
+    from pipeline.driver.compose import compose_job
+    from pipeline.driver.layout import predict_node_rate
+
+    rates = compose_job(["cluster=node8"]).cluster.rates
+    r_t, r_d = rates.target_samples_per_s * speedup, rates.drafter_samples_per_s * speedup
+    return {"predicted_node8_samples_per_s": predict_node_rate(r_t, r_d),
+            "predicted_node8_basis": {"target_samples_per_s": r_t, "drafter_samples_per_s": r_d,
+                                      "formula": "max over T+D=8 of min(T r_t, D r_d)"}}
 
 
 def _device() -> str:

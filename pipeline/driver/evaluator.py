@@ -54,18 +54,26 @@ class TauEvaluator:
         return self.job.train.eval.every >= 0 and self.job.train.eval.prompts > 0
 
     def __enter__(self) -> "TauEvaluator":
+        """Launch only: the evaluator builds while the training actors start beside it;
+        :meth:`wait_ready` then checks that it came up."""
         if self.enabled:
-            self.start()
+            self._launch()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def start(self) -> None:
-        """Start the evaluator and wait until it is built: a job that has no room for it, or
-        cannot build it, stops here with advice, before any training."""
-        e = self.job.train.eval
+        """Start the evaluator and wait until it is built."""
         self._launch()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """A job that has no room for the evaluator, or cannot build it, stops here with
+        advice, before any training."""
+        if self.actor is None:
+            return
+        e = self.job.train.eval
         ready, _ = ray.wait([self.actor.__ray_ready__.remote()], timeout=_PLACE_TIMEOUT_S)
         if ready:
             ray.get(ready[0])  # a failed constructor raises here, not at the first evaluation

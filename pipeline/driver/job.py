@@ -106,8 +106,10 @@ class Driver:
             if device != self.r.device:  # the cluster's nodes decide, not this host's
                 self.r = resolve_job(self.job, device=device)
             ckpt.clean_stale(self.out_dir)
-            with ActorGroup(self.job, self.r, self.resume) as actors, \
-                    TauEvaluator(self.job, self.r, self._prompts) as evaluator:
+            # The evaluator is launched first and built while the training actors start.
+            with TauEvaluator(self.job, self.r, self._prompts) as evaluator, \
+                    ActorGroup(self.job, self.r, self.resume) as actors:
+                evaluator.wait_ready()
                 self.actors = actors
                 self.evaluator = evaluator
                 self._load_checkpoint(actors, self.resume_from, self.resume)
