@@ -1,0 +1,49 @@
+"""bench.e2e_8b's figures from a run's rows and log: start-up, stalls, the kill, efficiency,
+and resumed_ok only when the repeated steps' losses match."""
+
+from bench.e2e_8b import _summarise
+
+
+def _rows(repeat_loss_shift: float = 0.0):
+    """200 steps of 0.5 s from t=100; after step 110 a kill, 20 s of restart, steps 101..110
+    again; step 101 (right after the checkpoint at 100) takes 1.5 s."""
+    rows, t = [], 100.0
+    for step in range(1, 111):
+        t += 1.5 if step == 101 else 0.5
+        rows.append({"step": step, "time": t, "train/loss": 10.0 / step,
+                     "perf/step_time_s": 1.5 if step == 101 else 0.5})
+    kill = t + 0.1
+    t += 20.0
+    for step in range(101, 201):
+        t += 0.5
+        loss = 10.0 / step + (repeat_loss_shift if step <= 110 else 0.0)
+        rows.append({"step": step, "time": t, "train/loss": loss, "perf/step_time_s": 0.5})
+    rows.append({"step": 100, "time": t, "eval/tau": 1.2})
+    return rows, kill, t
+
+
+LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written ...)\n"
+       "checkpoint runs/checkpoints/step_00000200 (held training 0.70s, written ...)\n"
+       "restart 1 of 2\n")
+
+
+def test_figures_follow_from_the_rows():
+    rows, kill, last = _rows()
+    times = {"launch": 40.0, "exit": last + 10.0, "killed_at": kill, "returncode": 0}
+    out = _summarise(times, rows, LOG, samples_per_step=8, loss_rtol=1e-3)
+    assert out["steps"] == 200
+    assert out["start_to_first_step_s"] == rows[0]["time"] - 40.0
+    assert out["checkpoint_stall_s"] == 0.8
+    assert abs(out["checkpoint_step_excess_s"] - 1.0) < 1e-9
+    assert abs(out["kill_to_training_s"] - 20.4) < 1e-6
+    assert out["steady_samples_per_s"] == 16.0
+    assert abs(out["e2e_efficiency"] - 0.5 * 200 / (last + 10.0 - 40.0)) < 1e-9
+    assert out["resumed_ok"] and out["repeated_steps"] == list(range(101, 111))
+    assert out["evals"] == [100] and out["restarts"] == 1
+
+
+def test_resumed_ok_is_false_when_the_repeated_losses_differ():
+    rows, kill, last = _rows(repeat_loss_shift=0.01)
+    times = {"launch": 40.0, "exit": last, "killed_at": kill, "returncode": 0}
+    out = _summarise(times, rows, LOG, samples_per_step=8, loss_rtol=1e-3)
+    assert not out["resumed_ok"] and out["repeated_loss_max_rel_diff"] > 1e-3
