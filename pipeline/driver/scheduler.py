@@ -156,6 +156,9 @@ class StepLoop:
         self.steps: dict[int, _StepState] = defaultdict(_StepState)
         self.exhausted = False
         self.prefetch_in_flight = 0
+        # Prefetch calls in the order they were made (the prefetcher's plan order), each
+        # [batch_ref, meta, arrived]: micro-batches join ``waiting`` in that order.
+        self.prefetched: deque[list[Any]] = deque()
         self.after_step_in_flight = 0
         self.prefetch_depth = len(topo.targets) * topo.num_slots + len(topo.drafters)
         self.step_started = time.perf_counter()
@@ -187,10 +190,12 @@ class StepLoop:
 
     def _prefetch(self) -> None:
         while (not self.exhausted and
-               len(self.waiting) + self.prefetch_in_flight < self.prefetch_depth):
+               len(self.waiting) + len(self.prefetched) < self.prefetch_depth):
             meta_ref, batch_ref = self.t.prefetcher.next_micro_batch.options(
                 num_returns=2).remote()
-            self.pending[meta_ref] = functools.partial(self._on_batch, batch_ref)
+            entry = [batch_ref, None, False]
+            self.prefetched.append(entry)
+            self.pending[meta_ref] = functools.partial(self._on_batch, entry)
             self.prefetch_in_flight += 1
 
     def _feed_targets(self) -> None:
@@ -254,12 +259,18 @@ class StepLoop:
         self.dispatch_step += 1
 
     # -- completions: one bound handler per kind of call ------------------------------------
-    def _on_batch(self, batch_ref: Any, meta: Optional[MicroBatchMeta]) -> None:
+    def _on_batch(self, entry: list[Any], meta: Optional[MicroBatchMeta]) -> None:
+        """Micro-batches reach the targets in plan order, whatever order ``ray.wait`` reports
+        the prefetcher's answers in: a later step's batch taking the ring's slots ahead of an
+        earlier step's one could fill the ring with slots no drafter may take yet (a stall)."""
         self.prefetch_in_flight -= 1
-        if meta is None:
-            self.exhausted = True
-        else:
-            self.waiting.append((meta, batch_ref))
+        entry[1], entry[2] = meta, True
+        while self.prefetched and self.prefetched[0][2]:
+            batch_ref, head, _ = self.prefetched.popleft()
+            if head is None:
+                self.exhausted = True
+            else:
+                self.waiting.append((head, batch_ref))
 
     def _on_produced(self, node: int, ready: SlotReady) -> None:
         assert ready.meta is not None, f"target {ready.target_rank} sent a slot without meta"
