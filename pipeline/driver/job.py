@@ -88,7 +88,6 @@ class Driver:
         self._heldout: Optional[list[list[int]]] = None
         # Checkpoint writes in flight: drafter.pt path -> (staging folder, resume point).
         self._saves: dict[str, tuple[Path, ResumePoint]] = {}
-        self.checkpoint_stalls: list[float] = []  # seconds each save held drafter rank 0
         self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
@@ -329,10 +328,9 @@ class Driver:
         staging = ckpt.staging_dir(self.out_dir, step + 1)
         self._saves[str(staging / "drafter.pt")] = (staging, cursor.after(step))
         ref = actors.drafters[0].save_checkpoint.remote(str(staging))
-
-        def held(seconds: float) -> None:
-            self.checkpoint_stalls.append(seconds)
-        return AfterStepCall(ref, held)
+        # Its value (the seconds the snapshot held rank 0) comes back again with the write's
+        # record and is logged by _finalize; here only its completion matters.
+        return AfterStepCall(ref, lambda held_s: None)
 
     def _on_saved(self, done: SaveDone, summary: RunSummary) -> None:
         """A background write finished: the checkpoint counts once its step is reported."""

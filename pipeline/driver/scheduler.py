@@ -155,7 +155,6 @@ class StepLoop:
         self.queued = [0] * len(topo.drafters)
         self.steps: dict[int, _StepState] = defaultdict(_StepState)
         self.exhausted = False
-        self.prefetch_in_flight = 0
         # Prefetch calls in the order they were made (the prefetcher's plan order), each
         # [batch_ref, meta, arrived]: micro-batches join ``waiting`` in that order.
         self.prefetched: deque[list[Any]] = deque()
@@ -196,7 +195,6 @@ class StepLoop:
             entry = [batch_ref, None, False]
             self.prefetched.append(entry)
             self.pending[meta_ref] = functools.partial(self._on_batch, entry)
-            self.prefetch_in_flight += 1
 
     def _feed_targets(self) -> None:
         while self.waiting:
@@ -263,7 +261,6 @@ class StepLoop:
         """Micro-batches reach the targets in plan order, whatever order ``ray.wait`` reports
         the prefetcher's answers in: a later step's batch taking the ring's slots ahead of an
         earlier step's one could fill the ring with slots no drafter may take yet (a stall)."""
-        self.prefetch_in_flight -= 1
         entry[1], entry[2] = meta, True
         while self.prefetched and self.prefetched[0][2]:
             batch_ref, head, _ = self.prefetched.popleft()
