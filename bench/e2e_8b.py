@@ -15,8 +15,14 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
   the median step;
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
 * ``steady_samples_per_s``; ``e2e_efficiency``: median step time x steps / wall time;
-* ``resumed_ok``: every step trained twice (after the checkpoint, before the kill) has the
-  same loss both times, within ``--loss-rtol``.
+* ``e2e_efficiency_after_start``: the same over the wall time after the first step;
+* ``resumed_from_step``: the checkpoint the restart loaded (0: none, from the start);
+* ``resumed_ok``: the restart loaded a checkpoint and every step trained twice (after the
+  checkpoint, before the kill) has the same loss both times, within ``--loss-rtol``.
+
+The kill waits until a checkpoint is durable (its "checkpoint ..." line is in the log): at 8B
+a write takes ~40 s beside training, and on the H200 a kill 39 s after the save at step 100
+found no checkpoint yet and the restart began again at step 0.
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ def _command(args, target: Path, data: Path, run_dir: Path) -> list[str]:
 
 
 def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
-                  deadline_s: float) -> dict:
+                  deadline_s: float, wait_checkpoint: bool) -> dict:
     """Run the CLI; SIGKILL the drafter once ``kill_at`` steps are logged; stop the whole job
     at ``deadline_s`` (the figures then cover what it did by then)."""
     t_launch = time.time()
@@ -102,8 +108,7 @@ def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
                 except subprocess.TimeoutExpired:
                     proc.kill()
                 break
-            if killed_at is None and any(r.get("step", 0) >= kill_at and "train/loss" in r
-                                         for r in _rows(metrics)):
+            if killed_at is None and _due(metrics, log_path, kill_at, wait_checkpoint):
                 pid = _drafter_pid(proc.pid)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
@@ -111,6 +116,17 @@ def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
                     print(f"[e2e] SIGKILL drafter pid {pid} after step {kill_at}", flush=True)
     return {"launch": t_launch, "exit": time.time(), "killed_at": killed_at,
             "returncode": proc.returncode}
+
+
+def _due(metrics: Path, log_path: Path, kill_at: int, wait_checkpoint: bool) -> bool:
+    """Whether to kill now: ``kill_at`` steps logged and, if asked, a checkpoint durable."""
+    if not any(r.get("step", 0) >= kill_at and "train/loss" in r for r in _rows(metrics)):
+        return False
+    return not wait_checkpoint or _CHECKPOINT.search(log_path.read_text()) is not None
+
+
+_CHECKPOINT = re.compile(r"checkpoint \S*checkpoints/step_0*(\d+) \(held")
+_RESUMED = re.compile(r"resuming from step (\d+)")
 
 
 def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: int,
@@ -132,14 +148,16 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
             first_pass[r["step"]] = r["train/loss"]
     rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in repeated.values()]
     held = [float(x) for x in re.findall(r"held training ([0-9.]+)s", log_text)]
-    saves = sorted({int(s) for s in re.findall(r"checkpoints/step_0*(\d+)", log_text)})
+    saves = sorted({int(s) for s in _CHECKPOINT.findall(log_text)})
     excess = [r["perf/step_time_s"] - median_step for r in train
               if any(r["step"] in (s + 1, s + 2) for s in saves)]
     wall = times["exit"] - times["launch"]
+    first_step_s = train[0]["time"] - times["launch"]
+    resumed = [int(x) for x in _RESUMED.findall(log_text)]
     return {
         "steps": steps,
         "wall_s": wall,
-        "start_to_first_step_s": train[0]["time"] - times["launch"],
+        "start_to_first_step_s": first_step_s,
         "checkpoint_stall_s": max(held) if held else None,
         "checkpoint_held_s": held,
         "checkpoint_step_excess_s": max(excess) if excess else None,
@@ -147,7 +165,10 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "steady_step_time_s": median_step,
         "steady_samples_per_s": samples_per_step / median_step,
         "e2e_efficiency": median_step * steps / wall,
-        "resumed_ok": bool(repeated) and max(rel) <= loss_rtol,
+        "e2e_efficiency_after_start": median_step * steps / (wall - first_step_s),
+        "resumed_from_step": resumed[0] if resumed else None,
+        "resumed_ok": bool(repeated) and max(rel) <= loss_rtol and bool(resumed) and
+        resumed[0] > 0,
         "repeated_steps": sorted(repeated),
         "repeated_loss_max_rel_diff": max(rel) if rel else None,
         "evals": sorted(r["step"] for r in rows if "eval/tau" in r),
@@ -168,7 +189,7 @@ def main(argv=None) -> dict:
     p.add_argument("--anchors", type=int, default=256)
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--loss-rtol", type=float, default=1e-3)
-    p.add_argument("--deadline-s", type=float, default=480.0,
+    p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop the job after this long and report what it did")
     args = p.parse_args(argv)
     work, out = Path(args.work), Path(args.out)
@@ -183,7 +204,8 @@ def main(argv=None) -> dict:
     run_dir = work / "run"
     log_path = out / "e2e_8b_train.log"
     times = _run_and_kill(_command(args, target, data, run_dir), log_path,
-                          run_dir / "metrics.jsonl", args.kill_at, args.deadline_s)
+                          run_dir / "metrics.jsonl", args.kill_at, args.deadline_s,
+                          wait_checkpoint=args.every <= args.kill_at)
     log_text = log_path.read_text()
     result = {"machine": _gpu_name(), "date": time.strftime("%Y-%m-%d"),
               "command": "python -m bench.e2e_8b " + " ".join(argv or sys.argv[1:]),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def _train(name: str, config: tuple[str, list[str]], overrides: list[str], args,
     cmd = [sys.executable, "-m", "pipeline.train", "--config-name", config[0], *config[1],
            *overrides, f"train.out_dir={run_dir}"]
     print(f"[lengths] {name}: {' '.join(cmd)}", flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's metrics must not count
     t0 = time.perf_counter()
     with open(out / f"lengths_{name}.log", "w") as log:
         try:
@@ -138,8 +140,15 @@ def main(argv=None) -> dict:
     p.add_argument("--full-steps", type=int, default=None, help="full-row run (16)")
     p.add_argument("--full-skip", type=int, default=None, help="its warm-up steps (6)")
     p.add_argument("--samples", type=int, default=1500, help="chats in the length mix")
-    p.add_argument("--run-timeout", type=int, default=260, help="seconds per training run")
+    p.add_argument("--run-timeout", type=int, default=300,
+                   help="seconds per training run (a cold compile at 8B takes ~3 min)")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help="which runs to do now; the others' results are read from --work")
     args = p.parse_args(argv)
+    args.runs = [r for r in args.runs.split(",") if r]
+    unknown = sorted(set(args.runs) - set(RUNS))
+    if unknown:
+        p.error(f"--runs: unknown {unknown}; allowed: {','.join(RUNS)}")
     small = (6, 2, 5, 2) if args.tiny else (40, 8, 16, 6)
     for key, default in zip(("steps", "skip", "full_steps", "full_skip"), small):
         if getattr(args, key) is None:
@@ -176,30 +185,19 @@ def main(argv=None) -> dict:
     padded_tokens = sum(s.buckets[s.bucket_of(n)] for n in mix_lengths)
     shapes["token_fill"] = sum(mix_lengths) / padded_tokens  # real / padded tokens, bucketed
     shapes["token_fill_padded"] = mean_len / max_length
-    runs = {
-        "padded": _train("padded", common, _data(mix) + steps + ["data.batching=pad"], args,
-                         work / "run_padded", out),
-        "full_rows": _train("full_rows", common, _data(full) + [
-            f"train.plan.max_steps={args.full_steps}", "data.batching=pad"], args,
-            work / "run_full_rows", out),
-        "bucket": _train("bucket", common, _data(mix) + steps + ["data.batching=bucket"], args,
-                         work / "run_bucket", out),
+    specs = {
+        "full_rows": (_data(full) + [f"train.plan.max_steps={args.full_steps}",
+                                     "data.batching=pad"]),
+        "padded": _data(mix) + steps + ["data.batching=pad"],
+        "bucket": _data(mix) + steps + ["data.batching=bucket"],
     }
-    rate = {k: r.get("samples_per_s", float("nan")) for k, r in runs.items()}
-    full_tokens_per_s = rate["full_rows"] * full_len
-    ideal = full_tokens_per_s / mean_len
+    runs = _earlier_runs(work)
+    for name in args.runs:
+        runs[name] = _train(name, common, specs[name], args, work / f"run_{name}", out)
+        runs[name]["date"] = time.strftime("%Y-%m-%d %H:%M")
+        (work / RUNS_FILE).write_text(json.dumps(runs, indent=2))
     result = {
-        "method": "bucket",
-        "padded_samples_per_s": rate["padded"],
-        "packed_samples_per_s": rate["bucket"],
-        "tokens_per_s": rate["bucket"] * mean_len,
-        "padded_tokens_per_s": rate["padded"] * mean_len,
-        "full_row_samples_per_s": rate["full_rows"],
-        "full_row_tokens_per_s": full_tokens_per_s,
-        "ideal_samples_per_s": ideal,
-        "efficiency": rate["bucket"] / ideal,
-        "speedup": rate["bucket"] / rate["padded"],
-        **_node8_prediction(rate["bucket"] / rate["padded"]),
+        **figures(runs, mean_len, full_len),
         "distribution": {**lengths_mix.distribution(scale),
                          "measured_tokens": lengths_mix.summarize(mix_lengths),
                          "tokens_per_word": per_word},
@@ -212,11 +210,57 @@ def main(argv=None) -> dict:
         "command": [sys.executable, "-m", "bench.lengths", *(argv or sys.argv[1:])],
         "device": _device(),
     }
+    result["runs_this_invocation"] = list(args.runs)
     (out / "h200_lengths.json").write_text(json.dumps(result, indent=2))
-    print(f"[lengths] wrote {out / 'h200_lengths.json'}: padded {rate['padded']:.2f}, bucket "
-          f"{rate['bucket']:.2f}, ideal {ideal:.2f} samples/s (efficiency "
-          f"{result['efficiency']:.2f}, {result['speedup']:.2f}x padded)", flush=True)
+    print(f"[lengths] wrote {out / 'h200_lengths.json'}: " + json.dumps(
+        {k: result[k] for k in FIGURES}), flush=True)
     return result
+
+
+RUNS = ("full_rows", "padded", "bucket")  # full rows first: padded then finds its shapes compiled
+RUNS_FILE = "lengths_runs.json"
+FIGURES = ("padded_samples_per_s", "packed_samples_per_s", "tokens_per_s",
+           "ideal_samples_per_s", "efficiency", "speedup", "predicted_node8_samples_per_s")
+
+
+def _earlier_runs(work: Path) -> dict:
+    """Runs an earlier invocation measured under the same --work (--runs splits the three
+    runs over several device calls: each pays its own compile at 8B)."""
+    path = work / RUNS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def figures(runs: dict, mean_len: float, full_len: float) -> dict:
+    """The JSON's figures from the runs' steady rates; a figure whose runs did not measure
+    a rate is null (and the node8 prediction is left out), never NaN."""
+    rate = {k: runs.get(k, {}).get("samples_per_s") for k in RUNS}
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    def times(a, b):
+        return a * b if a is not None else None
+
+    full_tokens_per_s = times(rate["full_rows"], full_len)
+    ideal = ratio(full_tokens_per_s, mean_len)
+    speedup = ratio(rate["bucket"], rate["padded"])
+    out = {
+        "method": "bucket",
+        "padded_samples_per_s": rate["padded"],
+        "packed_samples_per_s": rate["bucket"],
+        "tokens_per_s": times(rate["bucket"], mean_len),
+        "padded_tokens_per_s": times(rate["padded"], mean_len),
+        "full_row_samples_per_s": rate["full_rows"],
+        "full_row_tokens_per_s": full_tokens_per_s,
+        "ideal_samples_per_s": ideal,
+        "efficiency": ratio(rate["bucket"], ideal),
+        "speedup": speedup,
+        "predicted_node8_samples_per_s": None,
+        "missing": [k for k in RUNS if rate[k] is None],
+    }
+    if speedup is not None:
+        out.update(_node8_prediction(speedup))
+    return out
 
 
 def _node8_prediction(speedup: float) -> dict:

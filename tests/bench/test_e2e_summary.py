@@ -24,7 +24,7 @@ def _rows(repeat_loss_shift: float = 0.0):
 
 LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written ...)\n"
        "checkpoint runs/checkpoints/step_00000200 (held training 0.70s, written ...)\n"
-       "restart 1 of 2\n")
+       "lost drafter 0 (node 0) at 12:00:00; resuming from step 100 (restart 1 of 2)\n")
 
 
 def test_figures_follow_from_the_rows():
@@ -38,7 +38,10 @@ def test_figures_follow_from_the_rows():
     assert abs(out["kill_to_training_s"] - 20.4) < 1e-6
     assert out["steady_samples_per_s"] == 16.0
     assert abs(out["e2e_efficiency"] - 0.5 * 200 / (last + 10.0 - 40.0)) < 1e-9
+    assert abs(out["e2e_efficiency_after_start"]
+               - 0.5 * 200 / (last + 10.0 - rows[0]["time"])) < 1e-9
     assert out["resumed_ok"] and out["repeated_steps"] == list(range(101, 111))
+    assert out["resumed_from_step"] == 100
     assert out["evals"] == [100] and out["restarts"] == 1
 
 
@@ -47,3 +50,25 @@ def test_resumed_ok_is_false_when_the_repeated_losses_differ():
     times = {"launch": 40.0, "exit": last, "killed_at": kill, "returncode": 0}
     out = _summarise(times, rows, LOG, samples_per_step=8, loss_rtol=1e-3)
     assert not out["resumed_ok"] and out["repeated_loss_max_rel_diff"] > 1e-3
+
+
+def test_resumed_ok_is_false_when_the_restart_found_no_checkpoint():
+    """Losses repeated from step 0 match too, but nothing was resumed from a checkpoint."""
+    rows, kill, last = _rows()
+    times = {"launch": 40.0, "exit": last, "killed_at": kill, "returncode": 0}
+    log = LOG.replace("resuming from step 100", "resuming from step 0 (no checkpoint yet)")
+    out = _summarise(times, rows, log, samples_per_step=8, loss_rtol=1e-3)
+    assert out["resumed_from_step"] == 0 and not out["resumed_ok"]
+
+
+def test_the_kill_waits_for_a_durable_checkpoint(tmp_path):
+    from bench.e2e_8b import _due
+
+    metrics, log = tmp_path / "metrics.jsonl", tmp_path / "train.log"
+    metrics.write_text('{"step": 130, "train/loss": 1.0}\n')
+    log.write_text("step 130/200 loss 1.0\n")
+    assert not _due(metrics, log, 130, wait_checkpoint=True)
+    assert _due(metrics, log, 130, wait_checkpoint=False)
+    log.write_text(LOG)
+    assert _due(metrics, log, 130, wait_checkpoint=True)
+    assert not _due(metrics, log, 131, wait_checkpoint=True)
