@@ -92,6 +92,16 @@ class _Queued:
 
 
 @dataclass
+class _Prefetched:
+    """A prefetch call, in the plan order it was made: its batch, and its meta once it came
+    back (None then means the plan is exhausted)."""
+
+    batch_ref: Any
+    meta: Optional[MicroBatchMeta] = None
+    arrived: bool = False
+
+
+@dataclass
 class StepReport:
     """Everything the driver learnt about one optimizer step."""
 
@@ -155,9 +165,8 @@ class StepLoop:
         self.queued = [0] * len(topo.drafters)
         self.steps: dict[int, _StepState] = defaultdict(_StepState)
         self.exhausted = False
-        # Prefetch calls in the order they were made (the prefetcher's plan order), each
-        # [batch_ref, meta, arrived]: micro-batches join ``waiting`` in that order.
-        self.prefetched: deque[list[Any]] = deque()
+        # Prefetch calls in the order they were made: micro-batches join ``waiting`` in it.
+        self.prefetched: deque[_Prefetched] = deque()
         self.after_step_in_flight = 0
         self.prefetch_depth = len(topo.targets) * topo.num_slots + len(topo.drafters)
         self.step_started = time.perf_counter()
@@ -192,7 +201,7 @@ class StepLoop:
                len(self.waiting) + len(self.prefetched) < self.prefetch_depth):
             meta_ref, batch_ref = self.t.prefetcher.next_micro_batch.options(
                 num_returns=2).remote()
-            entry = [batch_ref, None, False]
+            entry = _Prefetched(batch_ref)
             self.prefetched.append(entry)
             self.pending[meta_ref] = functools.partial(self._on_batch, entry)
 
@@ -257,17 +266,17 @@ class StepLoop:
         self.dispatch_step += 1
 
     # -- completions: one bound handler per kind of call ------------------------------------
-    def _on_batch(self, entry: list[Any], meta: Optional[MicroBatchMeta]) -> None:
+    def _on_batch(self, entry: _Prefetched, meta: Optional[MicroBatchMeta]) -> None:
         """Micro-batches reach the targets in plan order, whatever order ``ray.wait`` reports
         the prefetcher's answers in: a later step's batch taking the ring's slots ahead of an
         earlier step's one could fill the ring with slots no drafter may take yet (a stall)."""
-        entry[1], entry[2] = meta, True
-        while self.prefetched and self.prefetched[0][2]:
-            batch_ref, head, _ = self.prefetched.popleft()
-            if head is None:
+        entry.meta, entry.arrived = meta, True
+        while self.prefetched and self.prefetched[0].arrived:
+            head = self.prefetched.popleft()
+            if head.meta is None:
                 self.exhausted = True
             else:
-                self.waiting.append((head, batch_ref))
+                self.waiting.append((head.meta, head.batch_ref))
 
     def _on_produced(self, node: int, ready: SlotReady) -> None:
         assert ready.meta is not None, f"target {ready.target_rank} sent a slot without meta"
