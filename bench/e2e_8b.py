@@ -153,7 +153,8 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
               if any(r["step"] in (s + 1, s + 2) for s in saves)]
     wall = times["exit"] - times["launch"]
     first_step_s = train[0]["time"] - times["launch"]
-    resumed = [int(x) for x in _RESUMED.findall(log_text)]
+    resumed = _RESUMED.search(log_text)
+    resumed_from = int(resumed.group(1)) if resumed else None
     return {
         "steps": steps,
         "wall_s": wall,
@@ -166,9 +167,8 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "steady_samples_per_s": samples_per_step / median_step,
         "e2e_efficiency": median_step * steps / wall,
         "e2e_efficiency_after_start": median_step * steps / (wall - first_step_s),
-        "resumed_from_step": resumed[0] if resumed else None,
-        "resumed_ok": bool(repeated) and max(rel) <= loss_rtol and bool(resumed) and
-        resumed[0] > 0,
+        "resumed_from_step": resumed_from,
+        "resumed_ok": bool(repeated) and max(rel) <= loss_rtol and bool(resumed_from),
         "repeated_steps": sorted(repeated),
         "repeated_loss_max_rel_diff": max(rel) if rel else None,
         "evals": sorted(r["step"] for r in rows if "eval/tau" in r),
