@@ -8,7 +8,8 @@ It builds (or reuses under --work) a random-weight target with Qwen3-8B's archit
 follow Nemotron v1 chat (median 393, mean 528 tokens per sample, as quoted in issue 17): a
 log-normal with mu = ln 393 and sigma = sqrt(2 ln(528/393)) ~= 0.769, clipped to [64, 3072]
 (bench/scale/lengths_mix.py). Then ``python -m pipeline.train --config-name qwen3_8b
-cluster=one_gpu logger=none train.eval.every=-1 train.checkpoint.every=0 ...`` runs three times:
+cluster=one_gpu logger=none train.eval.every=-1 train.checkpoint.final=false ...`` runs three
+times:
 
 1. ``padded``: the mix with data.batching=pad (every sample padded to 3072), ``--steps`` steps;
 2. ``full_rows``: samples of 3072 tokens each (nothing to pad), ``--full-steps`` steps: the
@@ -107,10 +108,12 @@ def _common(args, target: str) -> tuple[str, list[str]]:
                 "cluster.drafters_per_node=1", "cluster.cpus_per_actor=0.5",
                 "drafter.static_shapes=true", "data.max_length=256", "data.micro_batch_size=2",
                 "logger=none", "train.eval.every=-1", "train.checkpoint.every=0",
-                "train.checkpoint.resume=null", "train.plan.epochs=1", "train.log_every=1"]
+                "train.checkpoint.final=false", "train.checkpoint.resume=null",
+                "train.plan.epochs=1", "train.log_every=1"]
     return "qwen3_8b", ["cluster=one_gpu", "logger=none",
             f"target.path={target}", "train.eval.every=-1", "train.checkpoint.every=0",
-            "train.checkpoint.resume=null", "train.plan.epochs=1", "train.log_every=5"]
+            "train.checkpoint.final=false", "train.checkpoint.resume=null",
+            "train.plan.epochs=1", "train.log_every=5"]
 
 
 def _data(path: Path) -> list[str]:

@@ -380,8 +380,10 @@ class Driver:
         return plan.end_step if stop is None else max(plan.first_step, min(stop, plan.end_step))
 
     def _checkpoint_due(self, steps_done: int, end_step: int) -> bool:
-        every = self.job.train.checkpoint.every
-        return steps_done == end_step or (every > 0 and steps_done % every == 0)
+        cfg = self.job.train.checkpoint
+        if steps_done == end_step:
+            return cfg.final
+        return cfg.every > 0 and steps_done % cfg.every == 0
 
     def _check_replicas(self, report: StepReport, summary: RunSummary) -> None:
         summary.on_main_thread &= all(m.on_main_thread for m in report.micro)
