@@ -1,4 +1,4 @@
-"""Real sample lengths on the co-located one-GPU pipeline: padded to max_length vs length buckets.
+"""Real sample lengths on the co-located one-GPU pipeline: padded, bucketed and packed.
 
     python -m bench.lengths --work /tmp/lengths --out docs/bench   # one H200 (aim: < 9 minutes)
     python -m bench.lengths --tiny --work /tmp/lt --out /tmp/lt_out  # CPU wiring check, minutes
@@ -8,28 +8,34 @@ It builds (or reuses under --work) a random-weight target with Qwen3-8B's archit
 follow Nemotron v1 chat (median 393, mean 528 tokens per sample, as quoted in issue 17): a
 log-normal with mu = ln 393 and sigma = sqrt(2 ln(528/393)) ~= 0.769, clipped to [64, 3072]
 (bench/scale/lengths_mix.py). Then ``python -m pipeline.train --config-name qwen3_8b
-cluster=one_gpu logger=none train.eval.every=-1 train.checkpoint.final=false ...`` runs three
-times:
+cluster=one_gpu logger=none train.eval.every=-1 train.checkpoint.final=false ...`` runs up to
+four times (``--runs`` picks which now; the others' results are read back from --work):
 
-1. ``padded``: the mix with data.batching=pad (every sample padded to 3072), ``--steps`` steps;
-2. ``full_rows``: samples of 3072 tokens each (nothing to pad), ``--full-steps`` steps: the
-   pipeline's tokens/s at full rows;
+1. ``full_rows``: samples of 3072 tokens each (nothing to pad), ``--full-steps`` steps: the
+   pipeline's tokens/s and anchor blocks/s at full rows;
+2. ``padded``: the mix with data.batching=pad (every sample padded to 3072), ``--steps`` steps;
 3. ``bucket``: the mix with data.batching=bucket (the preset's buckets [512, 1024, 2048, 3072],
-   6144 tokens and 2048 anchor blocks per micro-batch at most), ``--steps`` steps.
+   6144 tokens and 2048 anchor blocks per micro-batch at most), ``--steps`` steps;
+4. ``pack``: the mix with data.batching=pack (the same buckets for the target; the drafter
+   runs each micro-batch as one 6144-token sequence with a pool of 2048 anchor blocks, filled
+   with real anchors), ``--steps`` steps.
 
 Rates come from each run's metrics.jsonl: the first ``--skip`` steps are left out, and so is
 any later step over twice the median step time (a compile of a new bucket's shape). It writes
-<out>/h200_lengths.json: ``padded_samples_per_s``, ``packed_samples_per_s`` (the bucketed
-rate; ``method`` says "bucket"), ``tokens_per_s`` (real, unpadded tokens/s of the bucketed
-run), ``ideal_samples_per_s`` (full-row tokens/s / the mix's mean sample length),
-``efficiency`` (packed / ideal), ``speedup`` (packed / padded), the distribution (parameters
-and the measured token lengths), the bucket shapes and every command.
+<out>/h200_lengths.json: ``padded_samples_per_s``, ``bucket_samples_per_s``,
+``pack_samples_per_s``, ``packed_samples_per_s`` (pack's rate if measured, else bucket's;
+``method`` says which), ``tokens_per_s`` (real, unpadded tokens/s at that rate),
+``ideal_samples_per_s`` (full-row tokens/s / the mix's mean sample length), ``efficiency``
+(packed / ideal), ``anchor_ideal_samples_per_s`` and ``anchor_efficiency`` (the same with
+anchor blocks instead of tokens), ``speedup`` (packed / padded), the distribution
+(parameters and the measured token lengths), the shapes and every command.
 
-Note on the ideal: the drafter's work per sample grows with its anchors (up to
+Why two ideals: the drafter's work per sample grows with its anchors (up to
 drafter.num_anchors = 512 per sample, at most one per supervised token), not with its tokens.
 A 400-token sample has ~300 anchors where a 3072-token one has 512, so per token a short
-sample costs the drafter several times what a full row does, and tokens/s at full rows is an
-upper bound that an anchor-bound pipeline cannot reach on short samples.
+sample costs the drafter several times what a full row does: full-row tokens/s is a bound
+that a drafter-bound pipeline cannot reach on short samples, and the anchor ideal is the one
+that padding and packing decide.
 """
 
 from __future__ import annotations
@@ -43,18 +49,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from bench.scale import lengths_mix
 
 TINY_SCALE = 256 / 3072  # --tiny: lengths shrunk to the tiny preset's max_length
 
 
-def _measured_lengths(path: Path, tokenizer, max_length: int, block_size: int) -> list[int]:
-    """Token lengths of the samples training will see (template applied, cut, short dropped)."""
+def _measured(path: Path, tokenizer, max_length: int, block_size: int,
+              shapes) -> tuple[list[int], list[int]]:
+    """Token lengths and anchor counts of the samples training will see (template applied,
+    cut, short ones dropped), as the planner counts them."""
     from pipeline.data import ChatDataset, DataConfig
 
     data = DataConfig(train_path=str(path), heldout_path=str(path), max_length=max_length)
-    return [int(s.input_ids.numel()) for s in ChatDataset(str(path), tokenizer, data, block_size)]
+    samples = list(ChatDataset(str(path), tokenizer, data, block_size))
+    return ([int(s.input_ids.numel()) for s in samples],
+            list(shapes.anchor_counts(samples).values()))
 
 
 def _steady_rate(rows: list[dict], skip: int) -> dict:
@@ -120,12 +131,12 @@ def _data(path: Path) -> list[str]:
     return [f"data.train_path={path}", f"data.heldout_path={path}"]
 
 
-def _shapes(config: tuple[str, list[str]], data: list[str]):
-    """The bucketed run's resolved shapes, composed exactly as the CLI composes them."""
+def _shapes(config: tuple[str, list[str]], data: list[str], batching: str = "bucket"):
+    """The bucketed (or packed) run's resolved shapes, composed as the CLI composes them."""
     from pipeline.driver.compose import compose_job
     from pipeline.training.single import batch_shapes
 
-    job = compose_job(config[1] + data + ["data.batching=bucket"], config_name=config[0])
+    job = compose_job(config[1] + data + [f"data.batching={batching}"], config_name=config[0])
     s = batch_shapes(job)
     return {"buckets": list(s.buckets), "rows": list(s.rows),
             "tokens_per_micro_batch": job.data.resolved_tokens_per_micro_batch(),
@@ -178,13 +189,16 @@ def main(argv=None) -> dict:
                                 lengths_mix.sample_lengths(args.samples, scale), per_word)
     full = lengths_mix.write_mix(work / "full_rows.jsonl",
                                  [int(max_length * 1.1)] * (8 * args.full_steps + 32), per_word)
-    mix_lengths = _measured_lengths(mix, tokenizer, max_length, block)
-    full_lengths = _measured_lengths(full, tokenizer, max_length, block)
-    mean_len, full_len = statistics.fmean(mix_lengths), statistics.fmean(full_lengths)
-
     common = _common(args, target)
     steps = [f"train.plan.max_steps={args.steps}"]
     shapes, s = _shapes(common, _data(mix))
+    mix_lengths, mix_anchors = _measured(mix, tokenizer, max_length, block, s)
+    full_lengths, full_anchors = _measured(full, tokenizer, max_length, block, s)
+    mean_len, full_len = statistics.fmean(mix_lengths), statistics.fmean(full_lengths)
+    anchors = {"mean_anchors": statistics.fmean(mix_anchors),
+               "full_anchors": statistics.fmean(full_anchors)}
+    pack = _shapes(common, _data(mix), "pack")[1]
+    shapes["pack_rows"], shapes["pack_pool"] = list(pack.rows), pack.pool
     padded_tokens = sum(s.buckets[s.bucket_of(n)] for n in mix_lengths)
     shapes["token_fill"] = sum(mix_lengths) / padded_tokens  # real / padded tokens, bucketed
     shapes["token_fill_padded"] = mean_len / max_length
@@ -193,6 +207,7 @@ def main(argv=None) -> dict:
                                      "data.batching=pad"]),
         "padded": _data(mix) + steps + ["data.batching=pad"],
         "bucket": _data(mix) + steps + ["data.batching=bucket"],
+        "pack": _data(mix) + steps + ["data.batching=pack"],
     }
     runs = _earlier_runs(work)
     for name in args.runs:
@@ -200,7 +215,8 @@ def main(argv=None) -> dict:
         runs[name]["date"] = time.strftime("%Y-%m-%d %H:%M")
         (work / RUNS_FILE).write_text(json.dumps(runs, indent=2))
     result = {
-        **figures(runs, mean_len, full_len),
+        **figures(runs, mean_len, full_len, **anchors),
+        **anchors,
         "distribution": {**lengths_mix.distribution(scale),
                          "measured_tokens": lengths_mix.summarize(mix_lengths),
                          "tokens_per_word": per_word},
@@ -220,10 +236,12 @@ def main(argv=None) -> dict:
     return result
 
 
-RUNS = ("full_rows", "padded", "bucket")  # full rows first: padded then finds its shapes compiled
+# Full rows first: padded then finds its shapes compiled.
+RUNS = ("full_rows", "padded", "bucket", "pack")
 RUNS_FILE = "lengths_runs.json"
-FIGURES = ("padded_samples_per_s", "packed_samples_per_s", "tokens_per_s",
-           "ideal_samples_per_s", "efficiency", "speedup", "predicted_node8_samples_per_s")
+FIGURES = ("padded_samples_per_s", "bucket_samples_per_s", "pack_samples_per_s",
+           "packed_samples_per_s", "tokens_per_s", "ideal_samples_per_s", "efficiency",
+           "anchor_efficiency", "speedup", "predicted_node8_samples_per_s")
 
 
 def _earlier_runs(work: Path) -> dict:
@@ -233,30 +251,44 @@ def _earlier_runs(work: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def figures(runs: dict, mean_len: float, full_len: float) -> dict:
+def figures(runs: dict, mean_len: float, full_len: float,
+            mean_anchors: Optional[float] = None, full_anchors: Optional[float] = None) -> dict:
     """The JSON's figures from the runs' steady rates; a figure whose runs did not measure
-    a rate is null (and the node8 prediction is left out), never NaN."""
+    a rate is null (and the node8 prediction is left out), never NaN.
+
+    ``packed_samples_per_s`` is the pack run's rate where it measured one, else the bucket
+    run's (``method`` says which). With the mean anchors per sample of the mix and of full
+    rows, ``anchor_ideal_samples_per_s`` is what full rows' anchor blocks per second give the
+    mix: the ideal of a drafter-bound pipeline, whose work follows anchors, not tokens.
+    """
     rate = {k: runs.get(k, {}).get("samples_per_s") for k in RUNS}
 
     def ratio(a, b):
         return a / b if a is not None and b else None
 
     def times(a, b):
-        return a * b if a is not None else None
+        return a * b if a is not None and b is not None else None
 
+    method = "pack" if rate["pack"] is not None else "bucket"
+    best = rate[method]
     full_tokens_per_s = times(rate["full_rows"], full_len)
     ideal = ratio(full_tokens_per_s, mean_len)
-    speedup = ratio(rate["bucket"], rate["padded"])
+    anchor_ideal = ratio(times(rate["full_rows"], full_anchors), mean_anchors)
+    speedup = ratio(best, rate["padded"])
     out = {
-        "method": "bucket",
+        "method": method,
         "padded_samples_per_s": rate["padded"],
-        "packed_samples_per_s": rate["bucket"],
-        "tokens_per_s": times(rate["bucket"], mean_len),
+        "bucket_samples_per_s": rate["bucket"],
+        "pack_samples_per_s": rate["pack"],
+        "packed_samples_per_s": best,
+        "tokens_per_s": times(best, mean_len),
         "padded_tokens_per_s": times(rate["padded"], mean_len),
         "full_row_samples_per_s": rate["full_rows"],
         "full_row_tokens_per_s": full_tokens_per_s,
         "ideal_samples_per_s": ideal,
-        "efficiency": ratio(rate["bucket"], ideal),
+        "efficiency": ratio(best, ideal),
+        "anchor_ideal_samples_per_s": anchor_ideal,
+        "anchor_efficiency": ratio(best, anchor_ideal),
         "speedup": speedup,
         "predicted_node8_samples_per_s": None,
         "missing": [k for k in RUNS if rate[k] is None],

@@ -47,13 +47,17 @@ class BatchShapes:
     Pad mode (``buckets`` empty): ``micro_batch_size`` samples per micro-batch, padded to
     ``pad_to`` (None: the longest of the batch). Bucket mode: bucket ``i`` holds the samples
     of length in (buckets[i-1], buckets[i]]; its micro-batches have ``rows[i]`` samples
-    (fewer in its last one of an epoch), padded to ``buckets[i]``.
+    (fewer in its last one of an epoch), padded to ``buckets[i]``. Pack mode (``pool`` set):
+    as buckets, but a micro-batch holds up to ``rows[i]`` samples whose anchors fit the pool,
+    and is padded with empty rows to ``rows[i]`` (one target shape per bucket).
     """
 
     micro_batch_size: int
     pad_to: Optional[int] = None
     buckets: tuple[int, ...] = ()
     rows: tuple[int, ...] = ()
+    pool: Optional[int] = None  # pack mode: anchor blocks per micro-batch
+    num_anchors: int = 0        # bucketed: a sample's anchors are min(this, its candidates)
 
     @classmethod
     def from_config(cls, data: DataConfig, static_shapes: bool,
@@ -63,14 +67,42 @@ class BatchShapes:
         buckets = data.resolved_buckets()
         tokens = data.resolved_tokens_per_micro_batch()
         anchors = data.anchors_per_micro_batch
+        if data.batching == "pack":
+            rows = tuple(tokens // length for length in buckets)
+            # Default: the most blocks a bucketed micro-batch of these rows would carry.
+            pool = anchors or max(r * min(num_anchors, b) for r, b in zip(rows, buckets))
+            if pool < num_anchors:
+                raise ValueError(
+                    f"data.anchors_per_micro_batch={pool} is not allowed with "
+                    f"data.batching=pack: expected >= drafter.num_anchors ({num_anchors}), "
+                    f"so that a sample with every anchor fits the pool")
+            return cls(data.micro_batch_size, None, buckets, rows, pool, num_anchors)
         rows = tuple(max(1, min(tokens // length,
                                 anchors // min(num_anchors, length) if anchors else tokens))
                      for length in buckets)
-        return cls(data.micro_batch_size, None, buckets, rows)
+        return cls(data.micro_batch_size, None, buckets, rows, None, num_anchors)
 
     @property
     def bucketed(self) -> bool:
         return bool(self.buckets)
+
+    @property
+    def packed(self) -> bool:
+        return self.pool is not None
+
+    def anchor_counts(self, samples) -> dict[int, int]:
+        """Sample id -> the anchors the drafter will draw for it (pack mode's planning)."""
+        counts = {}
+        for s in samples:
+            m = s.loss_mask.bool()
+            counts[s.sample_id] = min(self.num_anchors, int((m[:-1] & m[1:]).sum()))
+        return counts
+
+    def collate(self, samples: Sequence[Sample], pad_id: int) -> "Batch":
+        """A micro-batch in this shape: padded to its width (and, packed, to its rows)."""
+        lengths = [int(s.input_ids.numel()) for s in samples]
+        rows = self.rows[self.bucket_of(max(lengths))] if self.packed else None
+        return collate(samples, pad_id, self.width(lengths), rows)
 
     def bucket_of(self, length: int) -> int:
         """Index of the smallest bucket that holds ``length`` tokens."""
@@ -91,26 +123,51 @@ class BatchShapes:
         return max(r * b for r, b in zip(self.rows, self.buckets))
 
     def micro_batches(self, order: Sequence[int], lengths: Mapping[int, int], seed: int,
-                      epoch: int) -> list[list[int]]:
+                      epoch: int, anchors: Optional[Mapping[int, int]] = None
+                      ) -> list[list[int]]:
         """One epoch's micro-batches from its sample order (see :func:`bucket_micro_batches`)."""
         if not self.bucketed:
             return micro_batches(order, self.micro_batch_size)
-        return bucket_micro_batches(order, lengths, self, seed, epoch)
+        return bucket_micro_batches(order, lengths, self, seed, epoch, anchors)
+
+
+def pool_micro_batches(ids: Sequence[int], anchors: Mapping[int, int], rows: int,
+                       pool: int) -> list[list[int]]:
+    """Consecutive samples of ``ids``, a new micro-batch whenever the next one would exceed
+    ``rows`` samples or ``pool`` anchors (no sample is dropped: each has <= pool anchors)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for sid in ids:
+        if current and (len(current) == rows or used + anchors[sid] > pool):
+            out.append(current)
+            current, used = [], 0
+        current.append(sid)
+        used += anchors[sid]
+    return out + [current] if current else out
 
 
 def bucket_micro_batches(order: Sequence[int], lengths: Mapping[int, int], shapes: BatchShapes,
-                         seed: int, epoch: int) -> list[list[int]]:
+                         seed: int, epoch: int, anchors: Optional[Mapping[int, int]] = None
+                         ) -> list[list[int]]:
     """Split ``order`` by bucket, cut each bucket's samples (in order) into micro-batches of its
-    row count, then interleave all of them in a shuffled order drawn from (seed, epoch).
+    row count (packed: of its rows and the anchor pool), then interleave all of them in a
+    shuffled order drawn from (seed, epoch).
 
     Every sample lands in exactly one micro-batch, and the result depends only on (order,
-    lengths, shapes, seed, epoch). Only a bucket's last micro-batch may have fewer rows, so a
-    bucket gives at most two shapes.
+    lengths, anchors, shapes, seed, epoch). Bucketed, only a bucket's last micro-batch may
+    have fewer rows, so a bucket gives at most two shapes; packed ones are padded to one.
     """
     per_bucket: list[list[int]] = [[] for _ in shapes.buckets]
     for sid in order:
         per_bucket[shapes.bucket_of(lengths[sid])].append(sid)
-    mbs = [mb for ids, rows in zip(per_bucket, shapes.rows) for mb in micro_batches(ids, rows)]
+    if shapes.packed:
+        assert anchors is not None, "packed micro-batches need every sample's anchor count"
+        mbs = [mb for ids, rows in zip(per_bucket, shapes.rows)
+               for mb in pool_micro_batches(ids, anchors, rows, shapes.pool)]
+    else:
+        mbs = [mb for ids, rows in zip(per_bucket, shapes.rows)
+               for mb in micro_batches(ids, rows)]
     generator = torch.Generator().manual_seed(_generator_seed(seed, epoch, "dflash-buckets"))
     return [mbs[i] for i in torch.randperm(len(mbs), generator=generator).tolist()]
 
@@ -140,8 +197,10 @@ def attention_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     return (torch.arange(seq_len)[None] < lengths[:, None]).long()
 
 
-def collate(samples: Sequence[Sample], pad_id: int, pad_to: Optional[int] = None) -> Batch:
-    """Right-pad samples into one batch; ``pad_to`` fixes S for static shapes (compilation)."""
+def collate(samples: Sequence[Sample], pad_id: int, pad_to: Optional[int] = None,
+            rows: Optional[int] = None) -> Batch:
+    """Right-pad samples into one batch; ``pad_to`` fixes S for static shapes (compilation),
+    ``rows`` the row count (the rows past the samples are all padding, of length 0)."""
     if not samples:
         raise ValueError("collate needs at least one sample")
     lengths = [int(s.input_ids.numel()) for s in samples]
@@ -152,10 +211,14 @@ def collate(samples: Sequence[Sample], pad_id: int, pad_to: Optional[int] = None
                              f"tokens, id {samples[lengths.index(width)].sample_id}); raise "
                              f"pad_to or lower data.max_length")
         width = pad_to
-    input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(samples), width), dtype=torch.long)
+    num_rows = len(samples) if rows is None else rows
+    if num_rows < len(samples):
+        raise ValueError(f"rows={rows} is fewer than the {len(samples)} samples to collate")
+    input_ids = torch.full((num_rows, width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((num_rows, width), dtype=torch.long)
     for row, (sample, n) in enumerate(zip(samples, lengths)):
         input_ids[row, :n] = sample.input_ids
         loss_mask[row, :n] = sample.loss_mask
+    lengths += [0] * (num_rows - len(samples))
     return Batch([s.sample_id for s in samples], input_ids, loss_mask,
                  torch.tensor(lengths, dtype=torch.long))

@@ -9,7 +9,7 @@ from pipeline.validate import require, require_choice
 
 FORMATS = ("auto", "messages", "sharegpt")
 ON_BAD_LINE = ("error", "skip")
-BATCHING = ("pad", "bucket")
+BATCHING = ("pad", "bucket", "pack")
 # At most 2 compiled shapes per bucket (its full micro-batch and its epoch-tail one), so this
 # bounds the shapes a compiled drafter sees; its recompile limit is raised to match.
 MAX_BUCKETS = 8
@@ -37,7 +37,11 @@ class DataConfig:
     # (drafter.static_shapes) or to the longest one. "bucket": every sample goes to the smallest
     # of ``buckets`` that holds it; a micro-batch holds samples of one bucket only, padded to
     # that bucket's length, as many rows as ``tokens_per_micro_batch`` // length allows (and
-    # ``anchors_per_micro_batch`` // min(drafter.num_anchors, length), if set).
+    # ``anchors_per_micro_batch`` // min(drafter.num_anchors, length), if set). "pack": the
+    # buckets' rows for the target, but a micro-batch takes samples of its bucket until their
+    # anchors fill ``anchors_per_micro_batch`` (or its rows ``tokens_per_micro_batch``), and
+    # the drafter runs all its rows as one sequence with one pool of anchor blocks
+    # (pipeline/objective/packing.py): no block is spent on padding, and one drafter shape.
     batching: str = "pad"  # one of BATCHING
     # Sorted bucket lengths, the last one max_length; null: the three powers of two below
     # max_length, then max_length (3072 -> [512, 1024, 2048, 3072]).
@@ -46,7 +50,9 @@ class DataConfig:
     # micro_batch_size * max_length, so the longest bucket holds micro_batch_size rows.
     tokens_per_micro_batch: Optional[int] = None
     # Budget of anchor blocks of one bucketed micro-batch (rows x min(num_anchors, length));
-    # null: no budget. The drafter's memory grows with its blocks, not its tokens: 12 rows of
+    # null: no budget. With batching=pack, the drafter's pool of anchor blocks; null: the
+    # most blocks a bucketed micro-batch would carry (max over buckets of rows x
+    # min(num_anchors, length)). The drafter's memory grows with its blocks, not its tokens: 12 rows of
     # 512 tokens hold 6x the blocks of 2 rows of 3072 at 512 anchors.
     anchors_per_micro_batch: Optional[int] = None
     # Passed to the chat template in regeneration, training and eval alike. True (Qwen3's own

@@ -23,6 +23,7 @@ from pipeline.driver.scheduler import Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.training.plan import ResumePoint
+from pipeline.training.single import packing_of
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker
@@ -229,5 +230,5 @@ class ActorGroup:
                 options=job.drafter, optim=job.train.optim, seed=job.train.seed,
                 target_path=r.target_path, device=r.device, autocast_dtype=r.autocast_dtype,
                 feature_dtype=r.target_dtype, feature_numel=self._slot_numel,
-                total_steps=plan.end_step))
+                total_steps=plan.end_step, packing=packing_of(job)))
             self.drafter_node.append(n)

@@ -43,13 +43,20 @@ def sample_anchors_one(loss_mask: torch.Tensor, num_anchors: int,
 class Anchors:
     positions: torch.Tensor  # [N, A] int64, padded entries are 0
     keep: torch.Tensor       # [N, A] bool, False on padding
+    # Packed rows (pipeline/objective/packing.py) hold several documents: each anchor's
+    # document spans [starts, ends) of its row. None: the whole row is one document.
+    starts: Optional[torch.Tensor] = None  # [N, A] int64
+    ends: Optional[torch.Tensor] = None    # [N, A] int64
 
     @property
     def num_blocks(self) -> int:
         return self.positions.shape[1]
 
     def to(self, device) -> "Anchors":
-        return Anchors(self.positions.to(device), self.keep.to(device))
+        def move(t):
+            return None if t is None else t.to(device)
+        return Anchors(self.positions.to(device), self.keep.to(device), move(self.starts),
+                       move(self.ends))
 
 
 def sample_anchors(loss_mask: torch.Tensor, sample_ids: Sequence[int], num_anchors: int,

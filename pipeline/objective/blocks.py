@@ -17,7 +17,7 @@ from pipeline.objective.anchors import Anchors
 @dataclass
 class Blocks:
     token_ids: torch.Tensor   # [N, A*B] anchor token then mask tokens
-    positions: torch.Tensor   # [N, A*B] absolute position ids a + k
+    positions: torch.Tensor   # [N, A*B] position ids a + k, counted from the document start
     labels: torch.Tensor      # [N, A*B] token a + k (0 where out of range)
     supervised: torch.Tensor  # [N, A*B] bool: scored (k >= 1, in range, loss_mask, keep)
     weights: torch.Tensor     # [N, A*B] float: decayed weight where supervised, else 0
@@ -36,7 +36,10 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anch
     n, seq_len = input_ids.shape
     offsets = torch.arange(block_size, device=input_ids.device)
     pos = anchors.positions[:, :, None] + offsets  # [N, A, B]
-    in_range = pos < seq_len
+    # A block never reads past its document: in a packed row the next one starts there.
+    end = seq_len if anchors.ends is None else anchors.ends[:, :, None]
+    start = 0 if anchors.starts is None else anchors.starts[:, :, None]
+    in_range = pos < end
     safe = pos.clamp(max=seq_len - 1)
     labels = torch.gather(input_ids, 1, safe.flatten(1)).view_as(pos)
     anchor_tok = torch.gather(input_ids, 1, anchors.positions)
@@ -45,6 +48,6 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anch
     label_mask = torch.gather(loss_mask, 1, safe.flatten(1)).view_as(pos).bool()
     supervised = in_range & label_mask & anchors.keep[:, :, None] & (offsets > 0)
     weights = position_weights(block_size, gamma, input_ids.device) * supervised
-    return Blocks(token_ids=tokens.flatten(1), positions=pos.flatten(1),
+    return Blocks(token_ids=tokens.flatten(1), positions=(pos - start).flatten(1),
                   labels=torch.where(in_range, labels, 0).flatten(1),
                   supervised=supervised.flatten(1), weights=weights.flatten(1))

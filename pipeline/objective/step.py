@@ -48,13 +48,19 @@ class Objective:
 
 def drafter_loss(drafter: Callable[..., torch.Tensor], head: TargetHead, objective: Objective,
                  features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                 anchors: Anchors, compute_dtype: Optional[torch.dtype] = None) -> LossParts:
-    """Loss parts of one micro-batch; ``features`` are the target's taps [N, S, n_taps*H]."""
+                 anchors: Anchors, compute_dtype: Optional[torch.dtype] = None,
+                 context_positions: Optional[torch.Tensor] = None) -> LossParts:
+    """Loss parts of one micro-batch; ``features`` are the target's taps [N, S, n_taps*H].
+
+    A packed micro-batch (packing.py) passes its per-document ``context_positions``.
+    """
     n, seq_len = input_ids.shape
     blocks = build_blocks(input_ids, loss_mask, anchors, objective.block_size,
                           objective.mask_token_id, objective.gamma)
-    mask = build_mask(anchors.positions, seq_len, objective.block_size, objective.attention)
-    context_positions = torch.arange(seq_len, device=input_ids.device).expand(n, seq_len)
+    mask = build_mask(anchors.positions, seq_len, objective.block_size, objective.attention,
+                      anchors.starts)
+    if context_positions is None:
+        context_positions = torch.arange(seq_len, device=input_ids.device).expand(n, seq_len)
     hidden = drafter(features, embed_tokens(head.embed, blocks.token_ids, compute_dtype),
                      context_positions, blocks.positions, mask)
     return chunked_loss(hidden, head.lm_head, blocks.labels, blocks.weights, blocks.supervised,

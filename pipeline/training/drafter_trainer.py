@@ -18,6 +18,7 @@ from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
 from pipeline.objective.loss import LossParts
+from pipeline.objective.packing import Packing, pack_anchors, pack_rows
 from pipeline.objective.step import Objective, drafter_loss
 from pipeline.training.config import OptimConfig
 from pipeline.training.metrics import StepTotals
@@ -44,8 +45,10 @@ def build_drafter(spec: DrafterSpec, seed: int, device: str) -> DFlashDrafter:
 class DrafterTrainer:
     def __init__(self, spec: DrafterSpec, options: DrafterConfig, optim: OptimConfig,
                  seed: int, head: TargetHead, device: str,
-                 autocast_dtype: Optional[torch.dtype], total_steps: int) -> None:
+                 autocast_dtype: Optional[torch.dtype], total_steps: int,
+                 packing: Optional[Packing] = None) -> None:
         self.spec = spec
+        self.packing = packing  # data.batching=pack: rows run as one sequence (packing.py)
         self.options = options
         self.optim = optim
         self.seed = seed
@@ -89,19 +92,27 @@ class DrafterTrainer:
     def forward_backward(self, features: torch.Tensor, input_ids: torch.Tensor,
                          loss_mask: torch.Tensor, sample_ids: list[int], epoch: int) -> LossParts:
         """Backpropagate one micro-batch's loss numerator; gradients accumulate in .grad."""
-        anchors = self.objective.anchors(loss_mask.cpu(), sample_ids, self.seed, epoch)
+        # Rows past the samples are a packed bucket's empty padding rows: no anchors.
+        anchors = self.objective.anchors(loss_mask[:len(sample_ids)].cpu(), sample_ids,
+                                         self.seed, epoch)
         if self.options.compile == "reduce-overhead":
             # CUDA graphs reuse output buffers across replays: mark the new iteration.
             torch.compiler.cudagraph_mark_step_begin()
         dev = self.device
+        tokens = int(loss_mask.sum())
+        features, input_ids, loss_mask = features.to(dev), input_ids.to(dev), loss_mask.to(dev)
+        positions = None
+        if self.packing is not None:
+            anchors = pack_anchors(anchors, input_ids.shape[1], self.packing.anchors)
+            features, input_ids, loss_mask, positions = pack_rows(
+                features, input_ids, loss_mask, self.packing.tokens)
         with self._autocast():
-            parts = drafter_loss(self.forward, self.head, self.objective, features.to(dev),
-                                 input_ids.to(dev), loss_mask.to(dev), anchors.to(dev),
-                                 self.autocast_dtype)
+            parts = drafter_loss(self.forward, self.head, self.objective, features, input_ids,
+                                 loss_mask, anchors.to(dev), self.autocast_dtype, positions)
         parts.numerator.backward()
         self.local_nonfinite |= not math.isfinite(float(parts.numerator.detach()))
         self.local_denominator += float(parts.denominator)
-        self.totals.add_parts(parts, samples=len(sample_ids), tokens=int(loss_mask.sum()))
+        self.totals.add_parts(parts, samples=len(sample_ids), tokens=tokens)
         return parts
 
     def step(self, reduce: Optional[GradReducer] = None) -> StepOutcome:

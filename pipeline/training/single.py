@@ -10,14 +10,16 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from pipeline.config import JobConfig
-from pipeline.data import Batch, ChatDataset, collate
+from pipeline.data import Batch, ChatDataset
 from pipeline.data.batching import BatchShapes, sample_lengths
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.target import load_target, load_target_head
+from pipeline.objective.packing import Packing
 from pipeline.resolve import ResolvedJob, resolve_job
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.training.metrics import StepTotals, metrics_dict
@@ -31,12 +33,21 @@ def batch_shapes(job: JobConfig) -> BatchShapes:
     return BatchShapes.from_config(job.data, job.drafter.static_shapes, job.drafter.num_anchors)
 
 
+def packing_of(job: JobConfig) -> Optional[Packing]:
+    """data.batching=pack: the drafter's packed sequence and anchor pool; else None."""
+    shapes = batch_shapes(job)
+    if not shapes.packed:
+        return None
+    return Packing(job.data.resolved_tokens_per_micro_batch(), shapes.pool)
+
+
 def plan_for(job: JobConfig, dataset: ChatDataset) -> list[StepPlan]:
     """The job's step plan: num_drafters * grad_accum micro-batches per step."""
     plan, shapes = job.train.plan, batch_shapes(job)
     return job_plan(dataset.sample_ids, job.data.seed, plan.epochs, job.data.micro_batch_size,
                     job.cluster.num_drafters * plan.grad_accum, plan.max_steps, shapes=shapes,
-                    lengths=sample_lengths(dataset) if shapes.bucketed else None)
+                    lengths=sample_lengths(dataset) if shapes.bucketed else None,
+                    anchors=shapes.anchor_counts(dataset) if shapes.packed else None)
 
 
 class SingleProcessTrainer:
@@ -53,7 +64,8 @@ class SingleProcessTrainer:
                                   r.target_dtype, compile=job.target.compile)
         self.drafter = DrafterTrainer(r.spec, job.drafter, job.train.optim, job.train.seed,
                                       load_target_head(r.target_path), r.device,
-                                      r.autocast_dtype, total_steps=len(self.plans))
+                                      r.autocast_dtype, total_steps=len(self.plans),
+                                      packing=packing_of(job))
         self.shapes = batch_shapes(job)
         self._full_target = None  # loaded on the first tau evaluation
 
@@ -77,9 +89,7 @@ class SingleProcessTrainer:
 
     def run_step(self, plan: StepPlan) -> tuple[StepTotals, float]:
         for mb in plan.micro_batches:
-            samples = [self.dataset[i] for i in mb]
-            pad_to = self.shapes.width([s.input_ids.numel() for s in samples])
-            batch = collate(samples, self.r.pad_token_id, pad_to)
+            batch = self.shapes.collate([self.dataset[i] for i in mb], self.r.pad_token_id)
             feats = self.features(batch)
             self.drafter.forward_backward(feats, batch.input_ids, batch.loss_mask,
                                           list(batch.sample_ids), plan.epoch)

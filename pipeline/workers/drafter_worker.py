@@ -20,6 +20,7 @@ from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group,
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
+from pipeline.objective.packing import Packing
 from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.training.async_save import AsyncSaver, HostPool, SaveDone
@@ -36,14 +37,15 @@ class DrafterWorker:
     def __init__(self, *, rank: int, world_size: int, spec: DrafterSpec,
                  options: DrafterConfig, optim: OptimConfig, seed: int, target_path: str,
                  device: str, autocast_dtype: Optional[torch.dtype], feature_dtype: torch.dtype,
-                 feature_numel: int, total_steps: int) -> None:
+                 feature_numel: int, total_steps: int,
+                 packing: Optional[Packing] = None) -> None:
         """Keyword-only: ``autocast_dtype`` (drafter compute) and ``feature_dtype`` (what the
         target hands over) are both bfloat16 on CUDA, so a swap by position would go unseen."""
         self.rank = rank
         self.world_size = world_size
         self.device = actor_device(device)
         self.trainer = DrafterTrainer(spec, options, optim, seed, load_target_head(target_path),
-                                      self.device.type, autocast_dtype, total_steps)
+                                      self.device.type, autocast_dtype, total_steps, packing)
         # Rings of another node are refused: neither CUDA IPC nor shared memory crosses nodes.
         self.reader = RingReader(self.device, node_id=current_node_id())
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.data import ChatDataset, DataConfig, collate
+from pipeline.data import ChatDataset, DataConfig
 from pipeline.data.batching import BatchShapes, sample_lengths
 from pipeline.training.plan import ResumePoint, StepPlan, job_plan
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
@@ -55,6 +55,7 @@ class Prefetcher:
         # Micro-batch shapes: padded to one width, or cut and padded per length bucket.
         self.shapes = shapes
         self.lengths = sample_lengths(self.dataset) if shapes.bucketed else None
+        self.anchors = shapes.anchor_counts(self.dataset) if shapes.packed else None
         self.replan(resume)
 
     def replan(self, resume: Optional[ResumePoint]) -> "PlanSummary":
@@ -66,7 +67,7 @@ class Prefetcher:
             self.dataset.sample_ids, self.data.seed, self.epochs, self.data.micro_batch_size,
             self.micro_batches_per_step, self.max_steps, start_epoch=resume.epoch,
             samples_done=resume.samples_done, steps_done=resume.step, shapes=self.shapes,
-            lengths=self.lengths)
+            lengths=self.lengths, anchors=self.anchors)
         # The flat order of (step, index) pairs; the cursor walks it.
         self.order = [(s, i) for s, plan in enumerate(self.plans)
                       for i in range(len(plan.micro_batches))]
@@ -93,9 +94,7 @@ class Prefetcher:
         self.cursor += 1
         plan = self.plans[step]
         ids = plan.micro_batches[index]
-        samples = [self.dataset[i] for i in ids]
-        pad_to = self.shapes.width([s.input_ids.numel() for s in samples])
-        batch = collate(samples, self.pad_token_id, pad_to)
+        batch = self.shapes.collate([self.dataset[i] for i in ids], self.pad_token_id)
         meta = MicroBatchMeta(step=self.first_step + step, epoch=plan.epoch, index=index,
                               num_in_step=len(plan.micro_batches), sample_ids=tuple(ids),
                               shape=tuple(batch.input_ids.shape))

@@ -28,16 +28,21 @@ def _losses(out_dir):
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
-def test_bucketed_pipeline_matches_single_process(ray_cluster, small_train_file, tmp_path):
-    over = BASE + [f"data.train_path={small_train_file}", "train.plan.epochs=1"]
+@pytest.mark.parametrize("batching, steps", [("bucket", 5), ("pack", None)])
+def test_bucketed_pipeline_matches_single_process(ray_cluster, small_train_file, tmp_path,
+                                                   batching, steps):
+    # pack: the same buckets for the target, one packed sequence and anchor pool per
+    # micro-batch for the drafter (the workers' path against the reference's).
+    over = BASE + [f"data.train_path={small_train_file}", "train.plan.epochs=1",
+                   f"data.batching={batching}"]
     # No final save: the export still comes from the live drafter (a benchmark's setting).
     summary = Driver(compose_job(over + [f"train.out_dir={tmp_path / 'ray'}",
                                          "train.checkpoint.final=false"])).run()
     assert summary.checkpoints == [] and ckpt.latest(tmp_path / "ray") is None
     history = SingleProcessTrainer(compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"])
                                    ).train()
-    # 9 micro-batches (2 + 5 + 2) in steps of 2: one epoch, every sample exactly once.
-    assert summary.steps == len(history) == 5
+    # Bucketed: 9 micro-batches (2 + 5 + 2) in steps of 2. One epoch, every sample once.
+    assert summary.steps == len(history) == (steps or len(history))
     (account,) = summary.accounts
     assert account.exact and account.trained == summary.samples == 24, account.summary()
     assert len({row["samples"] for row in history}) > 1  # steps of different sizes

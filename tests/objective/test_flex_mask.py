@@ -62,3 +62,39 @@ def test_full_tiles_are_truly_full_and_skipped_tiles_truly_empty():
                     assert cells.all()
                 elif t not in p_tiles:
                     assert not cells.any()
+
+
+def packed_anchors(docs, row_len, pool, seed):
+    """A pool of anchors over ``docs`` packed rows of ``row_len``, and each one's doc start."""
+    g = torch.Generator().manual_seed(seed)
+    positions, starts = torch.zeros(1, pool, dtype=torch.long), torch.zeros(1, pool,
+                                                                             dtype=torch.long)
+    k = 0
+    for d in range(docs):
+        count = int(torch.randint(1, pool // docs + 1, (), generator=g))
+        picked = torch.randperm(row_len - 1, generator=g)[:count].sort().values
+        positions[0, k:k + count] = picked + d * row_len
+        starts[0, k:k + count] = d * row_len
+        k += count
+    positions[0, k:], starts[0, k:] = positions[0, k - 1], starts[0, k - 1]
+    return positions, starts  # the pool's tail repeats its last anchor (as packing.py pads)
+
+
+@pytest.mark.parametrize("docs,row_len,pool,block_size", [
+    (4, 200, 64, 16),   # documents not aligned to tiles
+    (3, 256, 40, 8),    # aligned documents, a partly filled query tile
+    (12, 64, 96, 16),   # many short documents per query tile
+])
+def test_packed_block_mask_matches_create_block_mask(docs, row_len, pool, block_size):
+    positions, starts = packed_anchors(docs, row_len, pool, seed=docs)
+    context_len, q_len = docs * row_len, pool * block_size
+    ours = flex_mask(positions, context_len, block_size, starts=starts)
+    ref = create_block_mask(make_mask_mod(positions, context_len, block_size, starts), 1, None,
+                            q_len, context_len + q_len, device="cpu")
+    assert tile_sets(ours) == tile_sets(ref)
+    # No block token sees a context position of another document (the element-wise mask).
+    dense = dense_mask(positions, context_len, block_size, starts)[0, 0, :, :context_len]
+    doc_of_query = (starts // row_len).repeat_interleave(block_size, dim=1)[0]
+    doc_of_key = torch.arange(context_len) // row_len
+    assert not (dense & (doc_of_query[:, None] != doc_of_key[None])).any()
+    assert dense.any()
