@@ -5,12 +5,18 @@ import dataclasses
 import pytest
 import torch
 
+from transformers import AutoConfig
+
 from pipeline.data import Sample, collate
+from pipeline.model.config import build_drafter_spec
+from pipeline.model.drafter import DFlashDrafter
+from pipeline.model.target import load_target, load_target_head
 from pipeline.objective.anchors import Anchors
 from pipeline.objective.packing import Packing, pack_anchors, pack_rows
 from pipeline.objective.step import Objective, drafter_loss
 
-WIDTH = 32                  # the bucket's length
+VOCAB = 96  # the suite's target (tests/conftest.py)
+WIDTH = 32  # the bucket's length
 PACK = Packing(tokens=4 * WIDTH, anchors=56)  # 4 rows, 3 samples: one empty row, pool tail
 
 
@@ -28,11 +34,32 @@ CUDA = pytest.param(("flex", "cuda"), id="flex-cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
 
 
+@pytest.fixture(scope="module")
+def wide_target_dir(tmp_path_factory):
+    """The suite's small target with head_dim 16: compiled flex on CUDA needs >= 16."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
+                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("wide_target")
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(params=[("sdpa", "cpu"), ("flex", "cpu"), CUDA],
                 ids=lambda p: "-".join(p) if isinstance(p, tuple) else None)
 def setup(request, drafter_setup):
     attention, device = request.param
     drafter, target, head, spec, options = drafter_setup
+    if device == "cuda":
+        path = request.getfixturevalue("wide_target_dir")
+        spec = build_drafter_spec(AutoConfig.from_pretrained(path).to_dict(), options)
+        torch.manual_seed(1)
+        drafter = DFlashDrafter(spec)
+        target = load_target(path, spec.target_layer_ids, "cpu", torch.float32)
+        head = load_target_head(path)
     objective = dataclasses.replace(Objective.from_config(spec, options), num_anchors=20,
                                     attention=attention)
     return drafter.to(device), target.to(device), head.to(device), objective
