@@ -43,3 +43,12 @@ def test_unknown_run_names_are_refused_naming_the_allowed_ones(capsys):
     with pytest.raises(SystemExit):
         lengths.main(["--runs", "full_rows,packed"])
     assert "full_rows,padded,bucket,pack" in capsys.readouterr().err
+
+
+def test_the_plot_shows_only_the_rates_measured():
+    from bench.plot_lengths import bars
+
+    got = bars({"padded_samples_per_s": 5.0, "bucket_samples_per_s": None,
+                "pack_samples_per_s": 8.8, "ideal_samples_per_s": 26.8})
+    assert [(label, rate) for label, rate, _ in got] == [("padded", 5.0), ("pack", 8.8),
+                                                         ("token ideal", 26.8)]
