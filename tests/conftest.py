@@ -15,16 +15,25 @@ RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
                  "logging_level": "WARNING"}
 
 
-@pytest.fixture(scope="session")
-def random_target_dir(tmp_path_factory):
+def _save_random_target(path, head_dim: int):
     """A small random-weight Qwen3 saved with save_pretrained (the real loading path)."""
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=4 * head_dim, intermediate_size=64,
                       num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)
-    path = tmp_path_factory.mktemp("target")
+                      head_dim=head_dim, max_position_embeddings=256, tie_word_embeddings=False)
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def random_target_dir(tmp_path_factory):
+    return _save_random_target(tmp_path_factory.mktemp("target"), head_dim=8)
+
+
+@pytest.fixture(scope="session")
+def wide_target_dir(tmp_path_factory):
+    """The same with head_dim 16: compiled flex attention on CUDA needs at least 16."""
+    return _save_random_target(tmp_path_factory.mktemp("wide_target"), head_dim=16)
 
 
 @pytest.fixture(scope="session")

@@ -50,10 +50,10 @@ class DataConfig:
     # micro_batch_size * max_length, so the longest bucket holds micro_batch_size rows.
     tokens_per_micro_batch: Optional[int] = None
     # Budget of anchor blocks of one bucketed micro-batch (rows x min(num_anchors, length));
-    # null: no budget. With batching=pack, the drafter's pool of anchor blocks; null: the
-    # most blocks a bucketed micro-batch would carry (max over buckets of rows x
-    # min(num_anchors, length)). The drafter's memory grows with its blocks, not its tokens: 12 rows of
-    # 512 tokens hold 6x the blocks of 2 rows of 3072 at 512 anchors.
+    # null: no budget. The drafter's memory grows with its blocks, not its tokens: 12 rows of
+    # 512 tokens hold 6x the blocks of 2 rows of 3072 at 512 anchors. With batching=pack, the
+    # drafter's pool of anchor blocks; null: the most blocks a bucketed micro-batch would
+    # carry (max over buckets of rows x min(num_anchors, length)).
     anchors_per_micro_batch: Optional[int] = None
     # Passed to the chat template in regeneration, training and eval alike. True (Qwen3's own
     # default): the target may reason, and the drafter trains on everything the target writes,

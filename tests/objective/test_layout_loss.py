@@ -1,10 +1,14 @@
-"""A packed micro-batch (data.batching=pack) trains exactly what its samples do one by one."""
+"""A bucketed or packed micro-batch trains exactly what its samples do one by one.
+
+Bucketed (data.batching=bucket): each sample a row, padded to the bucket's length. Packed
+(data.batching=pack): the rows, plus an empty one, as one drafter sequence with one anchor
+pool (pipeline/objective/packing.py).
+"""
 
 import dataclasses
 
 import pytest
 import torch
-
 from transformers import AutoConfig
 
 from pipeline.data import Sample, collate
@@ -15,9 +19,11 @@ from pipeline.objective.anchors import Anchors
 from pipeline.objective.packing import Packing, pack_anchors, pack_rows
 from pipeline.objective.step import Objective, drafter_loss
 
-VOCAB = 96  # the suite's target (tests/conftest.py)
-WIDTH = 32  # the bucket's length
+WIDTH = 32  # the bucket's length: every sample is padded to it
 PACK = Packing(tokens=4 * WIDTH, anchors=56)  # 4 rows, 3 samples: one empty row, pool tail
+LAYOUTS = ("bucket", "pack")
+CUDA = pytest.param(("flex", "cuda"), id="flex-cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
 
 
 def _samples(lengths, seed=5):
@@ -28,24 +34,6 @@ def _samples(lengths, seed=5):
         mask[n // 4:] = 1  # a prompt, then the supervised answer
         out.append(Sample(sid, torch.randint(0, 90, (n,), generator=g), mask))
     return out
-
-
-CUDA = pytest.param(("flex", "cuda"), id="flex-cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
-
-
-@pytest.fixture(scope="module")
-def wide_target_dir(tmp_path_factory):
-    """The suite's small target with head_dim 16: compiled flex on CUDA needs >= 16."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
-                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, max_position_embeddings=256, tie_word_embeddings=False)
-    path = tmp_path_factory.mktemp("wide_target")
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(params=[("sdpa", "cpu"), ("flex", "cpu"), CUDA],
@@ -60,41 +48,39 @@ def setup(request, drafter_setup):
         drafter = DFlashDrafter(spec)
         target = load_target(path, spec.target_layer_ids, "cpu", torch.float32)
         head = load_target_head(path)
-    objective = dataclasses.replace(Objective.from_config(spec, options), num_anchors=20,
-                                    attention=attention)
+    # 20 anchors: a 17-token sample alone pads them to 17, the 32-token bucket to 20.
+    objective = dataclasses.replace(Objective.from_config(spec, options), static_shapes=True,
+                                    num_anchors=20, attention=attention)
     return drafter.to(device), target.to(device), head.to(device), objective
 
 
-def _packed(setup, samples, row_mask=None):
-    """Loss parts of one packed micro-batch; ``row_mask`` keeps the loss of those rows only."""
+def _parts(setup, layout, samples, row_mask=None):
+    """Loss parts of one micro-batch (None layout: unpadded); ``row_mask`` keeps the loss of
+    those rows only (the anchors are drawn before, from every row)."""
     drafter, target, head, objective = setup
     dev = head.embed.device
-    batch = collate(samples, pad_id=0, pad_to=WIDTH, rows=PACK.tokens // WIDTH)
+    rows = PACK.tokens // WIDTH if layout == "pack" else None
+    batch = collate(samples, pad_id=0, pad_to=WIDTH if layout else None, rows=rows)
     with torch.no_grad():
         features = target(batch.input_ids.to(dev))
     anchors = objective.anchors(batch.loss_mask[:len(samples)], batch.sample_ids, seed=0,
                                 epoch=1)
     loss_mask = batch.loss_mask
     if row_mask is not None:
-        loss_mask = loss_mask * torch.cat([row_mask, torch.zeros(1, dtype=torch.long)])[:, None]
-    pooled = pack_anchors(anchors, WIDTH, PACK.anchors)
-    assert pooled.num_blocks == PACK.anchors and int(pooled.keep.sum()) == int(anchors.keep.sum())
-    feats, ids, mask, positions = pack_rows(features, batch.input_ids.to(dev),
-                                            loss_mask.to(dev), PACK.tokens)
-    assert feats.shape[:2] == (1, PACK.tokens)
-    return drafter_loss(drafter, head, objective, feats, ids, mask, pooled.to(dev), None,
-                        positions)
-
-
-def _single(setup, sample):
-    drafter, target, head, objective = setup
-    dev = head.embed.device
-    batch = collate([sample], pad_id=0)
-    ids, loss_mask = batch.input_ids.to(dev), batch.loss_mask.to(dev)
-    with torch.no_grad():
-        features = target(ids)
-    anchors = objective.anchors(batch.loss_mask, batch.sample_ids, seed=0, epoch=1)
-    return drafter_loss(drafter, head, objective, features, ids, loss_mask, anchors.to(dev))
+        extra = loss_mask.shape[0] - len(row_mask)
+        loss_mask = loss_mask * torch.cat([row_mask, torch.zeros(extra, dtype=torch.long)])[:, None]
+    ids, loss_mask, positions = batch.input_ids.to(dev), loss_mask.to(dev), None
+    if layout == "bucket":
+        assert anchors.num_blocks == min(objective.num_anchors, WIDTH)
+    if layout == "pack":
+        pooled = pack_anchors(anchors, WIDTH, PACK.anchors)
+        assert pooled.num_blocks == PACK.anchors
+        assert int(pooled.keep.sum()) == int(anchors.keep.sum())
+        anchors = pooled
+        features, ids, loss_mask, positions = pack_rows(features, ids, loss_mask, PACK.tokens)
+        assert features.shape[:2] == (1, PACK.tokens)
+    return drafter_loss(drafter, head, objective, features, ids, loss_mask, anchors.to(dev),
+                        None, positions)
 
 
 def _grads(drafter, loss):
@@ -103,32 +89,35 @@ def _grads(drafter, loss):
     return [p.grad.clone() for p in drafter.parameters()]
 
 
-def test_packed_batch_equals_its_samples_one_by_one(setup):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batch_equals_its_samples_one_by_one(setup, layout):
     drafter, objective = setup[0], setup[3]
     samples = _samples([17, 32, 23])
     # Flex attention has no backward on CPU: its gradients are checked on CUDA (the GPU
-    # tier runs the flex-cuda case); on CPU its forward (the BlockMask with document starts).
+    # tier runs the flex-cuda case); on CPU its forward (the BlockMask, document starts).
     grad = objective.attention == "sdpa" or drafter.fc.weight.is_cuda
     with torch.set_grad_enabled(grad):
-        packed = _packed(setup, samples)
-        singles = [_single(setup, s) for s in samples]  # each alone, unpadded
+        batch = _parts(setup, layout, samples)
+        singles = [_parts(setup, None, [s]) for s in samples]  # each alone, at its length
     num = sum(p.numerator for p in singles)
     den = sum(float(p.denominator) for p in singles)
-    assert float(packed.denominator) == pytest.approx(den, rel=1e-6) and den > 0
-    assert float(packed.numerator.detach()) == pytest.approx(float(num.detach()), rel=1e-5)
-    torch.testing.assert_close(packed.correct, sum(p.correct for p in singles))
-    torch.testing.assert_close(packed.total, sum(p.total for p in singles))
+    assert float(batch.denominator) == pytest.approx(den, rel=1e-6) and den > 0
+    assert float(batch.numerator.detach()) == pytest.approx(float(num.detach()), rel=1e-5)
+    torch.testing.assert_close(batch.correct, sum(p.correct for p in singles))
+    torch.testing.assert_close(batch.total, sum(p.total for p in singles))
     if not grad:
         return
+    # The update: sum(gradients of numerators) / sum(denominators), as the step divides.
     want = _grads(drafter, num / den)
-    got = _grads(drafter, packed.numerator / packed.denominator)
+    got = _grads(drafter, batch.numerator / batch.denominator)
     assert any(g.abs().sum() > 0 for g in got)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @torch.no_grad()
-def test_perturbing_one_document_leaves_the_others_alone(setup):
+def test_perturbing_one_sample_leaves_the_others_alone(setup, layout):
     samples = _samples([17, 32, 23])
     changed = list(samples)
     ids = samples[1].input_ids.clone()
@@ -137,8 +126,8 @@ def test_perturbing_one_document_leaves_the_others_alone(setup):
     for row in range(3):
         keep = torch.zeros(3, dtype=torch.long)
         keep[row] = 1
-        before = _packed(setup, samples, keep)
-        after = _packed(setup, changed, keep)
+        before = _parts(setup, layout, samples, keep)
+        after = _parts(setup, layout, changed, keep)
         if row == 1:
             assert not torch.isclose(before.numerator, after.numerator)
         else:
