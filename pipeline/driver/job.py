@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import ray
 from ray.exceptions import RayError
@@ -24,6 +24,7 @@ from pipeline.driver.launcher import check_cluster
 from pipeline.driver.layout import with_live_layout
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
+from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.report import step_metrics
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
 from pipeline.driver.telemetry import MetricsLogger
@@ -31,7 +32,6 @@ from pipeline.driver.trace import TraceRecorder
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.training.plan import ResumePoint
-from pipeline.training.async_save import SaveDone
 from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult
@@ -77,17 +77,14 @@ class Driver:
             check_data(ckpt.read_state(self.resume_from), self.fingerprint, self.resume_from,
                        job.train.checkpoint.allow_data_change)
             self.resume = ckpt.read_point(self.resume_from)
-        self.last_checkpoint = self.resume_from  # where a restart after a lost actor resumes
+        self.saves = CheckpointSaves(self.out_dir, job.train.checkpoint.keep_last,
+                                     self._state_extra, last=self.resume_from)
         self.actors: Optional[ActorGroup] = None  # while running
         # Called with the steps done after each step (monitoring; fault-injection tests).
         self.step_listeners: list[Callable[[int], None]] = []
         self._loop: Optional[StepLoop] = None
         self._nonfinite_in_row = 0
-        self._steps_reported = 0
-        self._unreported: list[tuple[int, Callable[[], None]]] = []
         self._heldout: Optional[list[list[int]]] = None
-        # Checkpoint writes in flight: drafter.pt path -> (staging folder, resume point).
-        self._saves: dict[str, tuple[Path, ResumePoint]] = {}
         self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
@@ -185,14 +182,13 @@ class Driver:
 
     def _restart(self, actors: ActorGroup, recovery: Recovery, accounting: SampleAccounting,
                  metrics: MetricsLogger, summary: RunSummary) -> None:
-        path = self.last_checkpoint
+        path = self.saves.last
         point = ckpt.read_point(path) if path is not None else None
         step = point.step if point is not None else 0
         recovery.resumed_step, recovery.checkpoint = step, str(path) if path else None
         summary.restarts.append(recovery)
         log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
                   self.job.train.recovery.max_restarts)
-        self._saves.clear()  # writes in flight died with drafter rank 0
         actors.restart_after_loss(recovery.actor, point)
         self._load_checkpoint(actors, path, point)
         recovery.restarted_at = time.time()
@@ -216,8 +212,7 @@ class Driver:
         progress = Progress(plan.first_step, stop, self.job.train.log_every)
         trace = TraceRecorder(self.job.logger.trace_start, self.job.logger.trace_steps)
         recovery = summary.restarts[-1] if summary.restarts else None
-        self._steps_reported = plan.first_step
-        self._unreported: list[tuple[int, Callable[[], None]]] = []  # saves done, step not yet
+        self.saves.start(plan.first_step, summary.checkpoints)
 
         def on_step(report: StepReport) -> None:
             if recovery is not None and not recovery.training_at:
@@ -229,7 +224,7 @@ class Driver:
                 accounting.add(m.epoch, m.sample_ids, report.step)
             for result in report.results:
                 for done in result.saves:
-                    self._on_saved(done, summary)
+                    self.saves.on_saved(done)
             self._check_replicas(report, summary)
             row = step_metrics(report, len(actors.targets))
             row["trainer/step"] = report.step + 1
@@ -243,8 +238,7 @@ class Driver:
                                              job_plan.samples_planned(report.epoch))
                 summary.accounts.append(account)
                 log.info("%s", account.summary())
-            self._steps_reported = report.step + 1
-            self._finalize_reported()
+            self.saves.reported(report.step + 1)
             for listener in self.step_listeners:
                 listener(report.step + 1)
             if self._nonfinite_in_row >= self.job.train.recovery.max_nonfinite_in_row:
@@ -260,7 +254,7 @@ class Driver:
             if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
                 calls.append(self._evaluate_async(actors, metrics, step + 1))
             if self._checkpoint_due(step + 1, stop):
-                calls.append(self._save_async(actors, cursor, summary, step))
+                calls.append(self.saves.save_async(actors.drafters[0], cursor, step))
             return calls
 
         self._loop = StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step,
@@ -269,9 +263,9 @@ class Driver:
             self._loop.run()
             # The last checkpoint counts once its background write is verified.
             for done in ray.get(actors.drafters[0].wait_saves.remote()):
-                self._on_saved(done, summary)
+                self.saves.on_saved(done)
         except NonFiniteError as exc:
-            saved = self._save_now(actors, cursor, summary)
+            saved = self.saves.save_now(actors.drafters[0], cursor)
             raise NonFiniteError(f"{exc}. The last good state is saved in {saved}: its "
                                  "weights are those of the last finite update") from None
         finally:
@@ -296,59 +290,10 @@ class Driver:
             self._nonfinite_in_row = 0
         row["train/skipped_steps"] = len(summary.skipped_steps)
 
-    def _save_now(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary) -> Path:
-        """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
-        staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
-        drafter = actors.drafters[0]
-        ray.get(drafter.wait_saves.remote())  # a write still in flight is superseded
-        ray.get(drafter.save_checkpoint.remote(str(staging)))
-        (done,) = ray.get(drafter.wait_saves.remote())
-        if done.error is not None:
-            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}")
-        return self._finalize(staging, cursor.after(done.steps_done - 1), done, summary)
-
-    def _finalize(self, staging: Path, point: ResumePoint, saved: SaveDone,
-                  summary: RunSummary) -> Path:
-        assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"
-        assert saved.record is not None
-        extra = {"drafter_config": self.r.spec.hf_config, "job": asdict(self.job),
-                 FINGERPRINT_KEY: self.fingerprint}
-        final = ckpt.finalize(staging, point, [saved.record], extra,
-                              self.job.train.checkpoint.keep_last)
-        summary.checkpoints.append(str(final))
-        self.last_checkpoint = final
-        log.info("checkpoint %s (held training %.2fs, written and verified in %.1fs beside "
-                 "it)", final, saved.snapshot_s, saved.write_s)
-        return final
-
-    def _save_async(self, actors: ActorGroup, cursor: Cursor, summary: RunSummary,
-                    step: int) -> AfterStepCall:
-        """Queue a checkpoint on drafter rank 0 right behind step ``step``: it snapshots its
-        state to host memory and writes it in the background (see :meth:`_on_saved`)."""
-        staging = ckpt.staging_dir(self.out_dir, step + 1)
-        self._saves[str(staging / "drafter.pt")] = (staging, cursor.after(step))
-        ref = actors.drafters[0].save_checkpoint.remote(str(staging))
-        # Its value (the seconds the snapshot held rank 0) comes back again with the write's
-        # record and is logged by _finalize; here only its completion matters.
-        return AfterStepCall(ref, lambda held_s: None)
-
-    def _on_saved(self, done: SaveDone, summary: RunSummary) -> None:
-        """A background write finished: the checkpoint counts once its step is reported."""
-        staging, point = self._saves.pop(done.path)
-        if done.error is not None:
-            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
-                               f"previous checkpoint ({self.last_checkpoint}) is intact")
-        # Renamed into place only once its step is reported: a restart resumes from the
-        # newest checkpoint, and the accounting must already hold every step it covers.
-        self._unreported.append((point.step, lambda: self._finalize(staging, point, done,
-                                                                    summary)))
-        self._finalize_reported()
-
-    def _finalize_reported(self) -> None:
-        ready = [(s, f) for s, f in self._unreported if s <= self._steps_reported]
-        self._unreported = [(s, f) for s, f in self._unreported if s > self._steps_reported]
-        for _, finalize in ready:
-            finalize()
+    def _state_extra(self) -> dict:
+        """What state.json holds beside the resume point."""
+        return {"drafter_config": self.r.spec.hf_config, "job": asdict(self.job),
+                FINGERPRINT_KEY: self.fingerprint}
 
     def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
                         step: int) -> AfterStepCall:

@@ -1,0 +1,95 @@
+"""The driver's side of checkpoints: queue a save behind a step, count it once it is written,
+verified and its step reported, and keep track of the newest one (where a restart resumes).
+
+Drafter rank 0 snapshots its state into host memory and writes it in the background
+(pipeline/training/async_save.py); this class turns each finished write into a checkpoint
+folder (pipeline/driver/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import ray
+
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.cursor import Cursor
+from pipeline.driver.scheduler import AfterStepCall
+from pipeline.training.async_save import SaveDone
+from pipeline.training.plan import ResumePoint
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointSaves:
+    def __init__(self, out_dir: Path, keep_last: int, extra: Callable[[], dict],
+                 last: Optional[Path]) -> None:
+        """``extra``: what state.json holds beside the resume point (config, fingerprint)."""
+        self.out_dir = out_dir
+        self.keep_last = keep_last
+        self.extra = extra
+        self.last = last  # the newest counted checkpoint: where a restart resumes
+        self.counted: list[str] = []  # every checkpoint counted, in order (see start)
+        # Writes in flight: drafter.pt path -> (staging folder, resume point).
+        self._writing: dict[str, tuple[Path, ResumePoint]] = {}
+        self._steps_reported = 0
+        self._unreported: list[tuple[int, SaveDone]] = []  # written, step not yet reported
+
+    def start(self, first_step: int, counted: list[str]) -> None:
+        """A (re)started step loop: nothing of an earlier actor set is still coming.
+        ``counted`` (the run summary's list) gets every checkpoint from now on."""
+        self.counted = counted
+        self._writing.clear()  # writes in flight died with drafter rank 0
+        self._unreported = []
+        self._steps_reported = first_step
+
+    def save_async(self, drafter: Any, cursor: Cursor, step: int) -> AfterStepCall:
+        """Queue a checkpoint on drafter rank 0 right behind step ``step``: it snapshots its
+        state to host memory and writes it in the background (see :meth:`on_saved`)."""
+        staging = ckpt.staging_dir(self.out_dir, step + 1)
+        self._writing[str(staging / "drafter.pt")] = (staging, cursor.after(step))
+        ref = drafter.save_checkpoint.remote(str(staging))
+        # Its value (the seconds the snapshot held rank 0) comes back again with the write's
+        # record and is logged by _finalize; here only its completion matters.
+        return AfterStepCall(ref, lambda held_s: None)
+
+    def on_saved(self, done: SaveDone) -> None:
+        """A background write finished: the checkpoint counts once its step is reported."""
+        if done.error is not None:
+            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
+                               f"previous checkpoint ({self.last}) is intact")
+        # Renamed into place only once its step is reported: a restart resumes from the
+        # newest checkpoint, and the accounting must already hold every step it covers.
+        self._unreported.append((self._writing[done.path][1].step, done))
+        self.reported(self._steps_reported)
+
+    def reported(self, steps: int) -> None:
+        """The driver has accounted for ``steps`` steps: count the writes they cover."""
+        self._steps_reported = steps
+        ready = [d for s, d in self._unreported if s <= steps]
+        self._unreported = [(s, d) for s, d in self._unreported if s > steps]
+        for done in ready:
+            staging, point = self._writing.pop(done.path)
+            self._finalize(staging, point, done)
+
+    def save_now(self, drafter: Any, cursor: Cursor) -> Path:
+        """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
+        staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
+        ray.get(drafter.wait_saves.remote())  # a write still in flight is superseded
+        ray.get(drafter.save_checkpoint.remote(str(staging)))
+        (done,) = ray.get(drafter.wait_saves.remote())
+        if done.error is not None:
+            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}")
+        return self._finalize(staging, cursor.after(done.steps_done - 1), done)
+
+    def _finalize(self, staging: Path, point: ResumePoint, saved: SaveDone) -> Path:
+        assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"
+        assert saved.record is not None
+        final = ckpt.finalize(staging, point, [saved.record], self.extra(), self.keep_last)
+        self.counted.append(str(final))
+        self.last = final
+        log.info("checkpoint %s (held training %.2fs, written and verified in %.1fs beside "
+                 "it)", final, saved.snapshot_s, saved.write_s)
+        return final
