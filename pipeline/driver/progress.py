@@ -30,7 +30,7 @@ class Progress:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{row['train/loss']:.4f}",
                              samples_s=f"{row['perf/samples_per_s']:.1f}", refresh=False)
-        self._window_samples += row["perf/samples_per_s"] * row["perf/step_time_s"]
+        self._window_samples += row["train/samples"]
         if step % self.log_every == 0 or step == self.end_step:
             now = time.perf_counter()
             rate = (step - self.first_step) / max(now - self.started, 1e-9)

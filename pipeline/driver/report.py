@@ -22,6 +22,8 @@ def step_metrics(report: StepReport, num_targets: int) -> dict[str, float]:
     out = metrics_dict(totals)
     out.update({
         "train/lr": report.results[0].lr, "train/grad_norm": report.results[0].grad_norm,
+        # Bucketed and packed steps hold different numbers of samples.
+        "train/samples": totals.samples,
         "perf/samples_per_s": totals.samples / wall, "perf/tokens_per_s": totals.tokens / wall,
         "perf/step_time_s": wall, "perf/slot_wait_s": report.slot_wait_s,
         "perf/ready_queue_depth": report.ready_depth,

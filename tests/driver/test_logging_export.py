@@ -75,6 +75,7 @@ def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monk
     assert config["drafter"]["num_anchors"] == job.drafter.num_anchors
     train = [r for r in rows if "train/loss" in r]
     assert [r["trainer/step"] for r in train] == [1, 2, 3, 4]
+    assert all(r["train/samples"] > 0 for r in train)
     for key in ("train/accuracy", "train/accuracy_pos01", "train/expected_tau",
                 "perf/samples_per_s", "perf/tokens_per_s", "perf/target0_busy",
                 "perf/drafter1_busy", "perf/slot_wait_s", "perf/ready_queue_depth",

@@ -8,7 +8,7 @@ from pipeline.driver.progress import Progress
 
 def _row(samples_per_s: float, step_time_s: float) -> dict:
     return {"train/loss": 1.0, "train/accuracy": 0.5, "perf/samples_per_s": samples_per_s,
-            "perf/step_time_s": step_time_s}
+            "perf/step_time_s": step_time_s, "train/samples": samples_per_s * step_time_s}
 
 
 def test_logged_rate_is_the_window_rate(monkeypatch, caplog):
