@@ -11,6 +11,7 @@ import torch
 
 from pipeline.data.config import DataConfig
 from pipeline.data.dataset import Sample
+from pipeline.objective.anchors import valid_anchor_positions
 
 
 def _generator_seed(seed: int, epoch: int, salt: str = "dflash-epoch") -> int:
@@ -92,11 +93,8 @@ class BatchShapes:
 
     def anchor_counts(self, samples) -> dict[int, int]:
         """Sample id -> the anchors the drafter will draw for it (pack mode's planning)."""
-        counts = {}
-        for s in samples:
-            m = s.loss_mask.bool()
-            counts[s.sample_id] = min(self.num_anchors, int((m[:-1] & m[1:]).sum()))
-        return counts
+        return {s.sample_id: min(self.num_anchors, valid_anchor_positions(s.loss_mask).numel())
+                for s in samples}
 
     def collate(self, samples: Sequence[Sample], pad_id: int) -> "Batch":
         """A micro-batch in this shape: padded to its width (and, packed, to its rows)."""

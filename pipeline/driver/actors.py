@@ -23,7 +23,7 @@ from pipeline.driver.scheduler import Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.training.plan import ResumePoint
-from pipeline.training.single import packing_of
+from pipeline.training.single import batch_shapes, packing_of
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker
@@ -186,8 +186,7 @@ class ActorGroup:
 
     @property
     def _shapes(self) -> BatchShapes:
-        d = self.job.drafter
-        return BatchShapes.from_config(self.job.data, d.static_shapes, d.num_anchors)
+        return batch_shapes(self.job)
 
     @property
     def _slot_numel(self) -> int:

@@ -24,8 +24,8 @@ from pipeline.driver.launcher import check_cluster
 from pipeline.driver.layout import with_live_layout
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
-from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.report import step_metrics
+from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder

@@ -35,7 +35,8 @@ class CheckpointSaves:
         # Writes in flight: drafter.pt path -> (staging folder, resume point).
         self._writing: dict[str, tuple[Path, ResumePoint]] = {}
         self._steps_reported = 0
-        self._unreported: list[tuple[int, SaveDone]] = []  # written, step not yet reported
+        # Written, their step not yet reported: (staging folder, resume point, the write).
+        self._unreported: list[tuple[Path, ResumePoint, SaveDone]] = []
 
     def start(self, first_step: int, counted: list[str]) -> None:
         """A (re)started step loop: nothing of an earlier actor set is still coming.
@@ -57,21 +58,21 @@ class CheckpointSaves:
 
     def on_saved(self, done: SaveDone) -> None:
         """A background write finished: the checkpoint counts once its step is reported."""
+        staging, point = self._writing.pop(done.path)
         if done.error is not None:
             raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
                                f"previous checkpoint ({self.last}) is intact")
         # Renamed into place only once its step is reported: a restart resumes from the
         # newest checkpoint, and the accounting must already hold every step it covers.
-        self._unreported.append((self._writing[done.path][1].step, done))
+        self._unreported.append((staging, point, done))
         self.reported(self._steps_reported)
 
     def reported(self, steps: int) -> None:
         """The driver has accounted for ``steps`` steps: count the writes they cover."""
         self._steps_reported = steps
-        ready = [d for s, d in self._unreported if s <= steps]
-        self._unreported = [(s, d) for s, d in self._unreported if s > steps]
-        for done in ready:
-            staging, point = self._writing.pop(done.path)
+        ready = [u for u in self._unreported if u[1].step <= steps]
+        self._unreported = [u for u in self._unreported if u[1].step > steps]
+        for staging, point, done in ready:
             self._finalize(staging, point, done)
 
     def save_now(self, drafter: Any, cursor: Cursor) -> Path:
