@@ -8,13 +8,16 @@ DictConfig travels past them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from pipeline.data.config import DataConfig
 from pipeline.eval.config import EvalConfig
 from pipeline.model.config import DrafterConfig
 from pipeline.training.config import OptimConfig, PlanConfig
+from pipeline.config_keys import reject_moved_keys, reject_unknown_keys
 from pipeline.validate import require, require_choice
+
+__all__ = ["JobConfig", "reject_moved_keys", "register_configs", "to_job_config"]
 
 
 @dataclass
@@ -192,31 +195,6 @@ class TrainConfig:
         require_choice("train.export_dtype", self.export_dtype, ("bfloat16", "float16", "float32"))
 
 
-# Keys that moved when TrainConfig was split into sections: an override of the old name stops
-# with the new one (Hydra alone would only say the key is unknown).
-MOVED_KEYS = {
-    **{f"train.{k}": f"train.plan.{k}" for k in ("epochs", "max_steps", "stop_at_step",
-                                                  "grad_accum")},
-    **{f"train.{k}": f"train.optim.{k}" for k in ("lr", "warmup_ratio", "min_lr_ratio",
-                                                   "weight_decay", "betas", "grad_clip")},
-    "train.eval_every": "train.eval.every",
-    "train.eval_prompts": "train.eval.prompts",
-    "train.eval_max_new_tokens": "train.eval.max_new_tokens",
-    "train.save_every": "train.checkpoint.every",
-    "train.resume": "train.checkpoint.resume",
-    "train.keep_last": "train.checkpoint.keep_last",
-    "train.max_restarts": "train.recovery.max_restarts",
-}
-
-
-def reject_moved_keys(overrides: Sequence[str]) -> None:
-    """ValueError naming the new key for the first override that uses a moved one."""
-    for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if key in MOVED_KEYS:
-            raise ValueError(f"{key} has moved: use {MOVED_KEYS[key]} (in {override!r})")
-
-
 @dataclass
 class LoggerConfig:
     kind: str = "none"  # one of "none", "wandb"
@@ -247,6 +225,9 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
+    def __post_init__(self) -> None:
+        check_across_sections(self)
+
 
 def register_configs() -> None:
     """Register the schema so conf/config.yaml can name it in its defaults list."""
@@ -261,7 +242,30 @@ def to_job_config(cfg: Any) -> JobConfig:
 
     if isinstance(cfg, JobConfig):
         return cfg
+    reject_unknown_keys(cfg, JobConfig)
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, JobConfig):
         raise TypeError(f"expected a config composed on job_schema, got {type(obj).__name__}")
     return obj
+
+
+def check_across_sections(job: JobConfig) -> None:
+    """Constraints between keys of different sections, checked before anything starts.
+
+    Each would otherwise surface late: a max_length that leaves no sample long enough to
+    train drops every sample after the cluster started, and a pack pool smaller than one
+    sample's anchors stops the prefetcher.
+    """
+    from pipeline.data.batching import BatchShapes
+
+    d, data = job.drafter, job.data
+    least = 2 * d.block_size  # a sample needs this many supervised tokens (dflash.md)
+    require(data.max_length >= least, "data.max_length", data.max_length,
+            f">= 2 * drafter.block_size ({least}): a sample needs {least} supervised tokens, "
+            f"so a shorter limit drops every sample")
+    if data.batching != "pad" and data.buckets is not None:
+        low = data.buckets[0]
+        require(low >= least, "data.buckets", data.buckets,
+                f"buckets of >= 2 * drafter.block_size ({least}) tokens: a {low}-token "
+                f"bucket can never hold a sample with {least} supervised tokens")
+    BatchShapes.from_config(data, d.static_shapes, d.num_anchors)  # pool vs anchors

@@ -15,7 +15,6 @@ import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.driver.job import Driver
-from pipeline.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -23,11 +22,10 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
-    job = to_job_config(cfg)
     try:
-        driver = Driver(job)
-    except PreflightError as e:
-        log.error("%s", e)  # one line: a missing file or wandb key needs no traceback
+        driver = Driver(to_job_config(cfg))
+    except ValueError as e:  # PreflightError included: a config or file mistake, one line
+        log.error("%s", e)
         raise SystemExit(2) from None
     summary = driver.run()
     log.info(

@@ -21,7 +21,11 @@ log = logging.getLogger(__name__)
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
-    trainer = SingleProcessTrainer(to_job_config(cfg))
+    try:
+        trainer = SingleProcessTrainer(to_job_config(cfg))
+    except ValueError as e:  # a config or file mistake: one line, no traceback
+        log.error("%s", e)
+        raise SystemExit(2) from None
     tau_before = trainer.evaluate_tau()
     history = trainer.train()
     tau_after = trainer.evaluate_tau()

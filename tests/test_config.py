@@ -132,3 +132,44 @@ def test_one_gpu_with_two_drafters_is_refused_before_any_actor():
     with pytest.raises(ValueError, match=r"cluster.drafters_per_node=2 .*cluster.gpus_per_"
                                          r"actor=0.45"):
         check_gpu_layout(job.cluster, job.train.eval, [1])
+
+
+@pytest.mark.parametrize("override,match", [
+    ("+train.optim.weight_decy=0.1", r"train.optim.weight_decy is not a config key.*did you mean "
+                                     r"train.optim.weight_decay\?"),
+    ("+drafter.num_layer=3", r"drafter.num_layer is not a config key.*drafter.num_layers"),
+    ("+seed=1", r"seed is not a config key.*the top level has"),
+    ("+cluster.rates.target_rate=2", r"cluster.rates.target_rate is not a config key"),
+])
+def test_a_key_added_with_plus_must_exist(override, match):
+    with pytest.raises(ValueError, match=match):
+        compose_job([override])
+
+
+def test_free_form_sections_still_take_added_keys():
+    job = compose_job(["+logger.wandb_init.group=sweep1", "+logger.wandb_init.notes=x"])
+    assert job.logger.wandb_init == {"group": "sweep1", "notes": "x"}
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["data.max_length=15"], r"data.max_length=15 .*>= 2 \* drafter.block_size \(16\)"),
+    (["drafter.block_size=16", "data.max_length=31"], r"data.max_length=31 .*\(32\)"),
+    (["data.batching=bucket", "data.buckets=[8,64,256]"],
+     r"data.buckets=\[8, 64, 256\] .*an? 8-token bucket can never hold"),
+    (["data.batching=pack", "data.anchors_per_micro_batch=8", "drafter.num_anchors=64"],
+     r"data.anchors_per_micro_batch=8 .*>= drafter.num_anchors \(64\)"),
+])
+def test_keys_of_different_sections_are_checked_together(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        compose_job(overrides)
+
+
+def test_the_train_cli_refuses_a_plus_typo_in_one_line_before_ray():
+    proc = subprocess.run([sys.executable, "-m", "pipeline.train",
+                           "+train.optim.weight_decy=0.1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr  # Hydra's log goes to stdout
+    assert proc.returncode == 2, out[-2000:]
+    errors = [line for line in out.splitlines() if "weight_decy" in line]
+    assert len(errors) == 1 and "did you mean train.optim.weight_decay?" in errors[0]
+    assert "Traceback" not in out and "Ray" not in out
