@@ -37,6 +37,12 @@ def wide_target_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def production_heads_target_dir(tmp_path_factory):
+    """head_dim 128, as Qwen3-8B's: the shape the GPU tier compiles flex attention at."""
+    return _save_random_target(tmp_path_factory.mktemp("production_heads_target"), head_dim=128)
+
+
+@pytest.fixture(scope="session")
 def target_config(random_target_dir):
     from transformers import AutoConfig
     return AutoConfig.from_pretrained(random_target_dir).to_dict()

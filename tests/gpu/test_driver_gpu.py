@@ -54,17 +54,29 @@ def _close_export(a_dir, b_dir) -> None:
         torch.testing.assert_close(b[name], a[name], rtol=DRIFT, atol=1e-6)
 
 
-# CUDA's attention and reduction kernels are not bit-reproducible from one run to the next.
-# On the H200 (2026-12-01) the resumed run repeated steps 4 and 5 of the uninterrupted one bit
-# for bit and step 6 to 1e-7 relative (5.4005893 vs 5.4005888), and a bit-exact check of every
-# step failed there. The step right after the resume must repeat bit for bit: a lost RNG
-# state, AdamW moment or scheduler position would break it; later steps agree to the drift.
+# CUDA's attention and reduction kernels are not bit-reproducible from one run to the next
+# (atomics in the backward of attention and of the fused loss, cuBLAS split-K choices). Seen on
+# the H200: the first resumed step 6.413394078710355 vs 6.413393033718491 uninterrupted
+# (1.6e-7 relative, 2026-12-02) and 5.4005893 vs 5.4005888 (9e-8, 2026-12-01); later steps
+# within 1e-7. Deterministic algorithms would make the run bit-exact but are not what jobs run
+# (and flex attention has no deterministic backward), so the contract is a tolerance:
+# FIRST_STEP: the step right after the resume agrees to 2e-6 relative, about 10x the noise
+# seen. A lost RNG state, AdamW moment or scheduler position moves that step by as much as
+# a training step moves the loss (1e-2 relative and more here; asserted below, so the bound
+# stays meaningful). DRIFT: later steps and the final weights, where the noise compounds.
+FIRST_STEP = 2e-6
 DRIFT = 1e-5
 
 
+def _same_step(got: float, want: float, previous: float) -> None:
+    """``got`` repeats ``want`` within FIRST_STEP, a bound far below one step's change."""
+    assert abs(want - previous) > 100 * FIRST_STEP * abs(want), (want, previous)
+    assert got == pytest.approx(want, rel=FIRST_STEP), (got, want)
+
+
 def test_resume_on_cuda_continues_the_uninterrupted_run(ray_cluster, gpu_job, tmp_path):
-    """3 steps, stop, resume, 3 more == 6 in one go: the first resumed step bit for bit, the
-    rest and the final weights within CUDA's run-to-run drift."""
+    """3 steps, stop, resume, 3 more == 6 in one go: the first resumed step within CUDA's
+    run-to-run noise (FIRST_STEP), the rest and the final weights within its drift."""
     base = ["train.eval.every=-1", "train.plan.max_steps=6"]
     Driver(gpu_job(*base, f"train.out_dir={tmp_path / 'full'}")).run()
     part = tmp_path / "part"
@@ -75,7 +87,7 @@ def test_resume_on_cuda_continues_the_uninterrupted_run(ray_cluster, gpu_job, tm
     assert (resumed.first_step, resumed.end_step) == (3, 6)
     want, got = _losses(tmp_path / "full"), _losses(part)
     assert sorted(got) == sorted(want) == list(range(1, 7))
-    assert got[4][-1] == want[4][-1], (got[4], want[4])
+    _same_step(got[4][-1], want[4][-1], want[3][-1])
     for step in range(1, 7):
         assert got[step][-1] == pytest.approx(want[step][-1], rel=DRIFT), step
     _close_export(tmp_path / "full", part)
@@ -112,8 +124,8 @@ def test_sigkilled_drafter_restarts_alone_and_continues(ray_cluster, gpu_job, tm
     assert sorted(losses) == list(range(1, 9))
     repeated = [s for s, values in losses.items() if len(values) == 2]
     assert repeated and all(s > rec.resumed_step for s in repeated)
-    first = min(repeated)  # the first step after the restart repeats bit for bit
-    assert losses[first][1] == losses[first][0], (first, losses[first])
+    first = min(repeated)  # the first step after the restart repeats to CUDA's noise
+    _same_step(losses[first][1], losses[first][0], losses[first - 1][0])
     for step in repeated:  # later ones within CUDA's run-to-run drift
         assert losses[step][1] == pytest.approx(losses[step][0], rel=DRIFT), step
     assert all(a.exact for a in summary.accounts)

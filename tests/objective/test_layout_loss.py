@@ -3,8 +3,14 @@
 Bucketed (data.batching=bucket): each sample a row, padded to the bucket's length. Packed
 (data.batching=pack): the rows, plus an empty one, as one drafter sequence with one anchor
 pool (pipeline/objective/packing.py).
+
+On CPU the check is in fp32 (sdpa, and flex's forward). On CUDA it runs as production does:
+compiled flex attention at head_dim 128, a bf16 target and head, fp32 master weights under
+bf16 autocast. Inductor has no flex kernel for fp32 inputs at small head dims
+(NoValidChoicesError), and no job runs that: the fp32 check means something on CPU only.
 """
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -41,23 +47,33 @@ def _samples(lengths, seed=5):
 def setup(request, drafter_setup):
     attention, device = request.param
     drafter, target, head, spec, options = drafter_setup
+    dtype = None  # fp32 throughout
     if device == "cuda":
-        path = request.getfixturevalue("wide_target_dir")
+        dtype = torch.bfloat16
+        path = request.getfixturevalue("production_heads_target_dir")
         spec = build_drafter_spec(AutoConfig.from_pretrained(path).to_dict(), options)
         torch.manual_seed(1)
         drafter = DFlashDrafter(spec)
-        target = load_target(path, spec.target_layer_ids, "cpu", torch.float32)
-        head = load_target_head(path)
+        target = load_target(path, spec.target_layer_ids, "cpu", dtype)
+        head = load_target_head(path).to(device, dtype)
     # 20 anchors: a 17-token sample alone pads them to 17, the 32-token bucket to 20.
     objective = dataclasses.replace(Objective.from_config(spec, options), static_shapes=True,
                                     num_anchors=20, attention=attention)
-    return drafter.to(device), target.to(device), head.to(device), objective
+    return drafter.to(device), target.to(device), head.to(device), objective, dtype
+
+
+def _tolerance(setup) -> dict:
+    """How close a batch and its samples agree: fp32 to rounding; bf16 (CUDA) to what its
+    8-bit mantissa leaves after summing differently ordered blocks."""
+    bf16 = setup[4] is not None
+    return {"loss": 1e-2 if bf16 else 1e-5, "grad": 3e-2 if bf16 else 1e-4,
+            "alone": 1e-3 if bf16 else 1e-6}
 
 
 def _parts(setup, layout, samples, row_mask=None):
     """Loss parts of one micro-batch (None layout: unpadded); ``row_mask`` keeps the loss of
     those rows only (the anchors are drawn before, from every row)."""
-    drafter, target, head, objective = setup
+    drafter, target, head, objective, dtype = setup
     dev = head.embed.device
     rows = PACK.tokens // WIDTH if layout == "pack" else None
     batch = collate(samples, pad_id=0, pad_to=WIDTH if layout else None, rows=rows)
@@ -79,8 +95,10 @@ def _parts(setup, layout, samples, row_mask=None):
         anchors = pooled
         features, ids, loss_mask, positions = pack_rows(features, ids, loss_mask, PACK.tokens)
         assert features.shape[:2] == (1, PACK.tokens)
-    return drafter_loss(drafter, head, objective, features, ids, loss_mask, anchors.to(dev),
-                        None, positions)
+    autocast = torch.autocast("cuda", dtype) if dtype else contextlib.nullcontext()
+    with autocast:
+        return drafter_loss(drafter, head, objective, features, ids, loss_mask,
+                            anchors.to(dev), dtype, positions)
 
 
 def _grads(drafter, loss):
@@ -101,8 +119,9 @@ def test_batch_equals_its_samples_one_by_one(setup, layout):
         singles = [_parts(setup, None, [s]) for s in samples]  # each alone, at its length
     num = sum(p.numerator for p in singles)
     den = sum(float(p.denominator) for p in singles)
+    tol = _tolerance(setup)
     assert float(batch.denominator) == pytest.approx(den, rel=1e-6) and den > 0
-    assert float(batch.numerator.detach()) == pytest.approx(float(num.detach()), rel=1e-5)
+    assert float(batch.numerator.detach()) == pytest.approx(float(num.detach()), rel=tol["loss"])
     torch.testing.assert_close(batch.correct, sum(p.correct for p in singles))
     torch.testing.assert_close(batch.total, sum(p.total for p in singles))
     if not grad:
@@ -111,8 +130,14 @@ def test_batch_equals_its_samples_one_by_one(setup, layout):
     want = _grads(drafter, num / den)
     got = _grads(drafter, batch.numerator / batch.denominator)
     assert any(g.abs().sum() > 0 for g in got)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    if setup[4] is None:
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        return
+    # bf16: elementwise closeness means little for near-zero entries; each tensor's
+    # gradient as a whole must agree (relative norm of the difference).
+    errors = [float((a - b).norm() / b.norm()) for a, b in zip(got, want) if b.norm() > 0]
+    assert max(errors) < tol["grad"], errors
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -131,7 +156,8 @@ def test_perturbing_one_sample_leaves_the_others_alone(setup, layout):
         if row == 1:
             assert not torch.isclose(before.numerator, after.numerator)
         else:
-            torch.testing.assert_close(after.numerator, before.numerator, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(after.numerator, before.numerator,
+                                       rtol=_tolerance(setup)["alone"], atol=1e-7)
             torch.testing.assert_close(after.denominator, before.denominator)
             torch.testing.assert_close(after.correct, before.correct)
 
