@@ -5,9 +5,10 @@ Bucketed (data.batching=bucket): each sample a row, padded to the bucket's lengt
 pool (pipeline/objective/packing.py).
 
 On CPU the check is in fp32 (sdpa, and flex's forward). On CUDA it runs as production does:
-compiled flex attention at head_dim 128, a bf16 target and head, fp32 master weights under
-bf16 autocast. Inductor has no flex kernel for fp32 inputs at small head dims
-(NoValidChoicesError), and no job runs that: the fp32 check means something on CPU only.
+compiled flex attention at head_dim 128 and block size 16, a bf16 target and head, fp32
+master weights under bf16 autocast. Compiled flex in torch 2.11 finds no kernel for fewer than
+128 queries (NoValidChoicesError, seen on the H200 for 20 anchors x block 4 in fp32 and in
+bf16), which block 16 keeps clear of, as production shapes do.
 """
 
 import contextlib
@@ -51,6 +52,7 @@ def setup(request, drafter_setup):
     if device == "cuda":
         dtype = torch.bfloat16
         path = request.getfixturevalue("production_heads_target_dir")
+        options = dataclasses.replace(options, block_size=16)  # >= 128 queries (see top)
         spec = build_drafter_spec(AutoConfig.from_pretrained(path).to_dict(), options)
         torch.manual_seed(1)
         drafter = DFlashDrafter(spec)
