@@ -60,13 +60,16 @@ class Anchors:
 
 
 def sample_anchors(loss_mask: torch.Tensor, sample_ids: Sequence[int], num_anchors: int,
-                   seed: int, epoch: int, pad_to: Optional[int] = None) -> Anchors:
-    """Anchors for a batch; rows are padded to the longest (or to ``pad_to``) with keep=False."""
+                   seed: int, epoch: int, pad_to: Optional[int] = None,
+                   min_width: int = 1) -> Anchors:
+    """Anchors for a batch; rows are padded to the longest (or to ``pad_to``), and to at least
+    ``min_width``, with keep=False."""
     rows = []
     for row, sid in zip(loss_mask, sample_ids):
         g = torch.Generator().manual_seed(sample_seed(seed, epoch, int(sid)))
         rows.append(sample_anchors_one(row, num_anchors, g))
-    width = pad_to if pad_to is not None else max(1, max(r.numel() for r in rows))
+    width = pad_to if pad_to is not None else max(r.numel() for r in rows)
+    width = max(width, min_width, 1)
     positions = torch.zeros(len(rows), width, dtype=torch.long)
     keep = torch.zeros(len(rows), width, dtype=torch.bool)
     for i, r in enumerate(rows):

@@ -20,6 +20,10 @@ from pipeline.objective.loss import LossParts, chunked_loss
 from pipeline.objective.masks import build_mask
 
 
+# Fewest queries (anchor blocks x block size) compiled flex attention has a kernel for.
+FLEX_MIN_QUERIES = 128
+
+
 @dataclass(frozen=True)
 class Objective:
     """Everything the loss needs to know, resolved from the drafter spec and options."""
@@ -41,9 +45,15 @@ class Objective:
 
     def anchors(self, loss_mask: torch.Tensor, sample_ids, seed: int, epoch: int) -> Anchors:
         """Per row up to ``num_anchors``; static shapes pad them to min(num_anchors, S), which
-        fixes the anchor width per padded length S (a sample has fewer than S anchors)."""
+        fixes the anchor width per padded length S (a sample has fewer than S anchors).
+
+        Flex attention pads to at least FLEX_MIN_QUERIES queries: compiled flex (torch 2.11,
+        CUDA) has no kernel for fewer (NoValidChoicesError), which a micro-batch of short
+        samples at block 8 reaches. The padding blocks have keep=False and weigh nothing."""
         pad_to = min(self.num_anchors, loss_mask.shape[1]) if self.static_shapes else None
-        return sample_anchors(loss_mask, sample_ids, self.num_anchors, seed, epoch, pad_to)
+        floor = -(-FLEX_MIN_QUERIES // self.block_size) if self.attention == "flex" else 1
+        return sample_anchors(loss_mask, sample_ids, self.num_anchors, seed, epoch, pad_to,
+                              min_width=floor)
 
 
 def drafter_loss(drafter: Callable[..., torch.Tensor], head: TargetHead, objective: Objective,

@@ -24,7 +24,7 @@ from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target, load_target_head
 from pipeline.objective.anchors import Anchors
 from pipeline.objective.packing import Packing, pack_anchors, pack_rows
-from pipeline.objective.step import Objective, drafter_loss
+from pipeline.objective.step import FLEX_MIN_QUERIES, Objective, drafter_loss
 
 WIDTH = 32  # the bucket's length: every sample is padded to it
 PACK = Packing(tokens=4 * WIDTH, anchors=56)  # 4 rows, 3 samples: one empty row, pool tail
@@ -89,7 +89,8 @@ def _parts(setup, layout, samples, row_mask=None):
         loss_mask = loss_mask * torch.cat([row_mask, torch.zeros(extra, dtype=torch.long)])[:, None]
     ids, loss_mask, positions = batch.input_ids.to(dev), loss_mask.to(dev), None
     if layout == "bucket":
-        assert anchors.num_blocks == min(objective.num_anchors, WIDTH)
+        floor = -(-FLEX_MIN_QUERIES // objective.block_size) if objective.attention == "flex" else 1
+        assert anchors.num_blocks == max(min(objective.num_anchors, WIDTH), floor)
     if layout == "pack":
         pooled = pack_anchors(anchors, WIDTH, PACK.anchors)
         assert pooled.num_blocks == PACK.anchors

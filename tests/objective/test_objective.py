@@ -146,3 +146,29 @@ def test_anchors_valid_deterministic_and_seeded_by_sample_id():
     assert 19 not in valid_anchor_positions(loss_mask[2]).tolist()  # 20 is not supervised
     few = sample_anchors(loss_mask, [7, 8, 9], num_anchors=50, seed=1, epoch=0, pad_to=60)
     assert few.keep.sum(1).tolist() == [19, 19, 17] and few.positions.shape == (3, 60)
+
+
+@torch.no_grad()
+def test_flex_pads_to_128_queries_with_blocks_that_weigh_nothing(drafter_setup):
+    """Compiled flex has no kernel under 128 queries: a flex objective pads its anchor blocks
+    to 128 / B, and the loss is the unpadded (sdpa) one."""
+    import dataclasses
+
+    from pipeline.objective.step import FLEX_MIN_QUERIES
+
+    drafter, target, head, spec, options = drafter_setup
+    sdpa = Objective.from_config(spec, options)
+    flex = dataclasses.replace(sdpa, attention="flex")
+    torch.manual_seed(4)
+    ids = torch.randint(0, 90, (2, 20))
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, 8:] = 1
+    features = target(ids)
+    few, padded = (o.anchors(loss_mask, [3, 4], seed=0, epoch=0) for o in (sdpa, flex))
+    assert few.num_blocks * B < FLEX_MIN_QUERIES == padded.num_blocks * B
+    assert torch.equal(padded.keep.sum(1), few.keep.sum(1))
+    parts = [drafter_loss(drafter, head, o, features, ids, loss_mask, a)
+             for o, a in ((sdpa, few), (flex, padded))]
+    assert float(parts[0].denominator) == float(parts[1].denominator) > 0
+    assert float(parts[1].numerator) == pytest.approx(float(parts[0].numerator), rel=1e-5)
+    torch.testing.assert_close(parts[1].correct, parts[0].correct)
