@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -202,6 +203,9 @@ def main(argv=None) -> dict:
                        answer_words=590)
     print(f"[e2e] target and data ready in {time.time() - t0:.0f}s", flush=True)
     run_dir = work / "run"
+    # A fresh run (train.checkpoint.resume=null refuses a folder holding an earlier run's
+    # checkpoints, and an earlier run's metrics must not count).
+    shutil.rmtree(run_dir, ignore_errors=True)
     log_path = out / "e2e_8b_train.log"
     times = _run_and_kill(_command(args, target, data, run_dir), log_path,
                           run_dir / "metrics.jsonl", args.kill_at, args.deadline_s,

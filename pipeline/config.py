@@ -136,14 +136,18 @@ class CheckpointConfig:
 
     # Save every N steps (0: only at the end).
     every: int = 0
-    # null: start fresh; "auto": the latest complete checkpoint under out_dir (an incomplete
-    # or corrupt one is skipped with a warning); or a checkpoint path.
-    resume: Optional[str] = None
+    # "auto": the latest usable checkpoint under out_dir (an incomplete or corrupt one is
+    # skipped with a warning), else a fresh start, so a rerun of a command goes on where it
+    # stopped; a checkpoint path; or null: start fresh (refused when out_dir holds
+    # checkpoints, which the fresh job would overwrite). A resume must keep the settings of
+    # pipeline/driver/contract.py's FIXED; changes to the others are logged.
+    resume: Optional[str] = "auto"
     # Keep only the newest N step folders (0: keep all). Older ones go only after the new
     # one is in place.
     keep_last: int = 0
-    # Resume even though the training data's fingerprint differs from the checkpoint's
-    # (the data cursor then points into other data: samples may be repeated or missed).
+    # Resume even though the training data's content differs from the checkpoint's (the data
+    # cursor then points into other data: samples may be repeated or missed). Only the
+    # content: every other setting a resume must keep is refused all the same.
     allow_data_change: bool = False
     # Save when the job ends. false: nothing to resume from afterwards (benchmarks, throwaway
     # runs); the export, taken from the live drafter, still runs. At 8B the save writes

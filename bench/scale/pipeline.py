@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,8 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
     data = write_chats(work / "chats_A.jsonl", count=4 * steps + 64, prompt_words=190,
                        answer_words=590)
     run_dir = work / f"run_A_{gpus}gpu"
+    # A fresh run: train.checkpoint.resume=null refuses a folder holding earlier checkpoints.
+    shutil.rmtree(run_dir, ignore_errors=True)
     cluster = ["cluster=one_gpu"] if gpus == 1 else [
         "cluster=one_gpu", "cluster.gpus_per_actor=1"]
     cmd = [sys.executable, "-m", "pipeline.train", "--config-name", "qwen3_8b",

@@ -3,7 +3,7 @@
 A checkpoint is ``<out_dir>/checkpoints/step_<N>/`` with ``drafter.pt`` (fp32 weights,
 optimizer and scheduler state, RNG states; written by drafter rank 0, replicas being
 identical) and ``state.json`` (steps done, the data cursor as (epoch, samples done in it),
-drafter.pt's size and sha256, the training data's fingerprint).
+drafter.pt's size and sha256, the resume contract of pipeline/driver/contract.py).
 
 Writing: drafter rank 0 writes and fsyncs drafter.pt in a staging folder (``.step_<N>.tmp-*``);
 the driver writes state.json, fsyncs it and the folder, renames the folder into place and
@@ -13,8 +13,10 @@ at any point leaves the previous checkpoint whole. Staging folders a crash left 
 removed when the next job starts. With several nodes the out_dir must be on a filesystem
 that drafter rank 0 and the driver share.
 
-Reading: ``resume=auto`` takes the newest folder that checks out (state.json readable and
-complete, drafter.pt of the recorded size and digest) and warns about each newer one it skips.
+Reading: ``resume=auto`` (the default) takes the newest folder that checks out (state.json
+readable and complete, drafter.pt of the recorded size and digest) and warns about each newer
+one it skips; with none usable it warns once and the job starts fresh. ``resume=null`` on an
+out_dir that holds step folders is refused: the fresh job would overwrite them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+from pipeline.preflight import PreflightError
 from pipeline.training.plan import ResumePoint
 from pipeline.training.state_io import FileRecord, fsync_dir, fsync_file, sha256_file
 
@@ -115,26 +118,54 @@ def problem(path: Path) -> Optional[str]:
 
 
 def latest(out_dir: str | Path) -> Optional[Path]:
-    """The newest usable checkpoint under out_dir; each newer unusable one is skipped, warned."""
-    for path in reversed(_step_folders(checkpoint_root(out_dir))):
+    """The newest usable checkpoint under out_dir; each newer unusable one is skipped, warned.
+    When none is usable, one warning says so (not one per folder)."""
+    path, skipped = _newest_usable(out_dir)
+    if path is None and skipped:
+        log.warning("%s", _none_usable(out_dir, skipped))
+    return path
+
+
+def _newest_usable(out_dir: str | Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(step_folders(out_dir)):
         why = problem(path)
         if why is None:
-            return path
-        log.warning("skipping checkpoint %s: %s; trying the previous one", path, why)
-    return None
+            for folder, reason in skipped:
+                log.warning("skipping checkpoint %s: %s; took the previous one", folder, reason)
+            return path, skipped
+        skipped.append((path, why))
+    return None, skipped
+
+
+def _none_usable(out_dir: str | Path, skipped: list[tuple[Path, str]]) -> str:
+    newest, why = skipped[0]
+    return (f"none of the {len(skipped)} checkpoint(s) under {checkpoint_root(out_dir)} is "
+            f"usable (the newest, {newest.name}: {why})")
 
 
 def resolve_resume(resume: Optional[str], out_dir: str | Path) -> Optional[Path]:
-    """train.checkpoint.resume: null (fresh), "auto" (latest usable, else fresh), or a path."""
+    """train.checkpoint.resume: "auto" (latest usable, else fresh), a path, or null (fresh,
+    refused where out_dir already holds checkpoints: the new ones would overwrite them)."""
     if resume is None:
+        found = step_folders(out_dir)
+        if found:
+            raise PreflightError(
+                f"train.checkpoint.resume=null, but train.out_dir={str(out_dir)!r} holds "
+                f"{len(found)} checkpoint(s) (newest {found[-1].name}) that a fresh start would "
+                f"overwrite: resume them (train.checkpoint.resume=auto, the default), pick "
+                f"another train.out_dir, or delete {checkpoint_root(out_dir)}")
         return None
     if resume == "auto":
-        return latest(out_dir)
+        path, skipped = _newest_usable(out_dir)
+        if path is None and skipped:
+            log.warning("%s: starting from step 0", _none_usable(out_dir, skipped))
+        return path
     path = Path(resume)
     why = problem(path) if path.is_dir() else "not a folder"
     if why is not None:
-        raise ValueError(f"train.checkpoint.resume={resume!r} is not a usable checkpoint "
-                         f"folder: {why}; allowed: null, auto, or a step_* folder")
+        raise PreflightError(f"train.checkpoint.resume={resume!r} is not a usable checkpoint "
+                             f"folder: {why}; allowed: auto, a step_* folder, or null")
     return path
 
 
@@ -146,6 +177,11 @@ def read_point(path: Path) -> ResumePoint:
     state = read_state(path)
     return ResumePoint(step=state["step"], epoch=state["epoch"],
                        samples_done=state["samples_done"])
+
+
+def step_folders(out_dir: str | Path) -> list[Path]:
+    """The step_* folders under out_dir, oldest first (usable or not)."""
+    return _step_folders(checkpoint_root(out_dir))
 
 
 def _step_folders(root: Path) -> list[Path]:

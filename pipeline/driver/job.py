@@ -16,9 +16,9 @@ from pipeline.config import JobConfig
 from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.accounting import EpochAccount, SampleAccounting
 from pipeline.driver.actors import ActorGroup
+from pipeline.driver.contract import KEY as CONTRACT_KEY
+from pipeline.driver.contract import Contract, check_resume
 from pipeline.driver.cursor import Cursor
-from pipeline.driver.fingerprint import KEY as FINGERPRINT_KEY
-from pipeline.driver.fingerprint import check_data, data_fingerprint
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.launcher import check_cluster
 from pipeline.driver.layout import with_live_layout
@@ -70,12 +70,13 @@ class Driver:
         check_wandb(job.logger)
         self.r = resolve_job(job)  # early, paths checked; run() re-decides the device
         self.out_dir = Path(job.train.out_dir)
-        self.fingerprint = data_fingerprint(self.r.train_path)
+        # What the checkpoints of this job mean only under; a resume is checked against it.
+        self.contract = Contract.of(job, self.r)
         self.resume_from = ckpt.resolve_resume(job.train.checkpoint.resume, self.out_dir)
         self.resume: Optional[ResumePoint] = None
         if self.resume_from is not None:
-            check_data(ckpt.read_state(self.resume_from), self.fingerprint, self.resume_from,
-                       job.train.checkpoint.allow_data_change)
+            check_resume(ckpt.read_state(self.resume_from), self.contract, self.resume_from,
+                         job.train.checkpoint.allow_data_change)
             self.resume = ckpt.read_point(self.resume_from)
         self.saves = CheckpointSaves(self.out_dir, job.train.checkpoint.keep_last,
                                      self._state_extra, last=self.resume_from)
@@ -293,7 +294,7 @@ class Driver:
     def _state_extra(self) -> dict:
         """What state.json holds beside the resume point."""
         return {"drafter_config": self.r.spec.hf_config, "job": asdict(self.job),
-                FINGERPRINT_KEY: self.fingerprint}
+                CONTRACT_KEY: self.contract.record()}
 
     def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
                         step: int) -> AfterStepCall:

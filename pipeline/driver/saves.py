@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class CheckpointSaves:
     def __init__(self, out_dir: Path, keep_last: int, extra: Callable[[], dict],
                  last: Optional[Path]) -> None:
-        """``extra``: what state.json holds beside the resume point (config, fingerprint)."""
+        """``extra``: what state.json holds beside the resume point (config, resume contract)."""
         self.out_dir = out_dir
         self.keep_last = keep_last
         self.extra = extra

@@ -41,8 +41,8 @@ class PlanConfig:
     # Stop after this many optimizer steps (null: run all epochs).
     max_steps: Optional[int] = None
     # Stop (with a checkpoint) once this many steps are done, keeping the LR schedule of the
-    # whole job: splits a job over several allocations; resume with
-    # train.checkpoint.resume=auto.
+    # whole job: splits a job over several allocations; rerun the command to resume
+    # (train.checkpoint.resume=auto, the default).
     stop_at_step: Optional[int] = None
     # Micro-batches each drafter backpropagates per optimizer step.
     grad_accum: int = 1

@@ -22,7 +22,8 @@ from pipeline.objective.packing import Packing, pack_anchors, pack_rows
 from pipeline.objective.step import Objective, drafter_loss
 from pipeline.training.config import OptimConfig
 from pipeline.training.metrics import StepTotals
-from pipeline.training.optim import apply_update, build_optimizer, build_scheduler
+from pipeline.training.optim import (apply_update, build_optimizer, build_scheduler,
+                                     reapply_config)
 
 
 # (gradients, local denominator) -> global denominator; sums the gradients in place.
@@ -147,6 +148,7 @@ class DrafterTrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        reapply_config(self.optimizer, self.scheduler, self.optim)
         self.steps_done = state["steps_done"]
         torch.set_rng_state(state["rng"]["cpu"])
         if "cuda" in state["rng"] and self.device == "cuda":

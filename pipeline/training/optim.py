@@ -31,6 +31,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
         optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
 
 
+def reapply_config(optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: OptimConfig) -> None:
+    """After loading a checkpoint's optimizer and scheduler state, take lr, betas and
+    weight_decay from ``cfg`` again: torch restores the saved ones, so a resume with a
+    changed train.optim.lr would silently keep the old one. The LR becomes this schedule's
+    value at the restored step (unchanged settings give back the saved LR exactly)."""
+    scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(initial_lr=cfg.lr, lr=cfg.lr * factor(scheduler.last_epoch),
+                     betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, denominator: float,
                  grad_clip: float) -> tuple[float, bool]:

@@ -10,7 +10,6 @@ import torch
 
 from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.compose import compose_job
-from pipeline.driver.fingerprint import data_fingerprint
 from pipeline.driver.job import Driver
 from pipeline.export import export_checkpoint
 from pipeline.model.config import DrafterConfig, build_drafter_spec
@@ -145,13 +144,18 @@ def _job(small_train_file, out, *extra):
                         f"train.out_dir={out}", "train.checkpoint.resume=auto", *extra])
 
 
+def _contract(small_train_file, tmp_path):
+    """What the driver of this job records in state.json beside the resume point."""
+    return Driver(_job(small_train_file, tmp_path / "fresh"))._state_extra()
+
+
 def test_resume_refuses_changed_data_unless_told(small_train_file, tmp_path, caplog):
     out = tmp_path / "run"
-    _save(out, 4, extra={"data_fingerprint": data_fingerprint(small_train_file)})
+    _save(out, 4, extra=_contract(small_train_file, tmp_path))
     assert Driver(_job(small_train_file, out)).resume.step == 4
     changed = tmp_path / "changed.jsonl"
     changed.write_text(small_train_file.read_text().replace("a", "b", 1))
-    with pytest.raises(ValueError, match="training data changed since checkpoint.*"
+    with pytest.raises(ValueError, match="cannot resume .*data.content .*"
                        "train.checkpoint.allow_data_change=true"):
         Driver(_job(changed, out))
     with caplog.at_level(logging.WARNING):
@@ -161,7 +165,7 @@ def test_resume_refuses_changed_data_unless_told(small_train_file, tmp_path, cap
 
 def test_max_steps_below_the_steps_done_trains_nothing(small_train_file, tmp_path, caplog):
     out = tmp_path / "run"
-    _save(out, 4, extra={"data_fingerprint": data_fingerprint(small_train_file)})
+    _save(out, 4, extra=_contract(small_train_file, tmp_path))
     with caplog.at_level(logging.WARNING):
         summary = Driver(_job(small_train_file, out, "train.plan.max_steps=3")).run()
     assert summary.steps == 0 and summary.first_step == 4 and not summary.losses
