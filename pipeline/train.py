@@ -15,6 +15,9 @@ import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.driver.job import Driver
+from pipeline.driver.resume_hint import interrupted_line
+from pipeline.driver.runlock import RunLock
+from pipeline.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -23,15 +26,35 @@ register_configs()
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
     try:
-        driver = Driver(to_job_config(cfg))
-    except ValueError as e:  # PreflightError included: a config or file mistake, one line
+        job = to_job_config(cfg)
+    except ValueError as e:  # a config mistake: one line
         log.error("%s", e)
         raise SystemExit(2) from None
-    summary = driver.run()
+    try:
+        with RunLock(job.train.out_dir):  # before the driver reads out_dir to resume
+            summary = _driver(job).run()
+    except PreflightError as e:
+        log.error("%s", e)  # one line: a missing file, a wandb key or a locked folder
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        # Caught here, inside Hydra's task function: Hydra would print the traceback. By
+        # now the driver has stopped the actors and Ray and released out_dir.
+        log.error("%s", interrupted_line(job.train.out_dir, sys.argv[1:],
+                                         job.train.checkpoint.resume))
+        raise SystemExit(130) from None
     log.info(
         "done: %d steps in %.1fs, loss %.4f -> %.4f, tau %s -> %s, export %s", summary.steps,
         summary.wall_s, summary.losses[0], summary.losses[-1], summary.tau_before,
         summary.tau_after, summary.export_dir)
+
+
+def _driver(job) -> Driver:
+    """The driver, or a refusal: what its constructor rejects (a tap id, a mask token, a
+    changed setting on resume) is a user's mistake, found before Ray starts."""
+    try:
+        return Driver(job)
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
 
 
 if __name__ == "__main__":
@@ -39,4 +62,8 @@ if __name__ == "__main__":
         reject_moved_keys(sys.argv[1:])  # before Hydra, which would only call the key unknown
     except ValueError as e:
         sys.exit(f"error: {e}")
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # before the job started (Hydra composing), or a second Ctrl-C
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

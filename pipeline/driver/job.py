@@ -25,6 +25,7 @@ from pipeline.driver.layout import with_live_layout
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.report import step_metrics
+from pipeline.driver.runlock import RunLock
 from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
 from pipeline.driver.telemetry import MetricsLogger
@@ -89,6 +90,11 @@ class Driver:
         self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
+        # One job per out_dir, held before anything is written there or Ray starts.
+        with RunLock(self.out_dir):
+            return self._run_locked()
+
+    def _run_locked(self) -> RunSummary:
         c = self.job.cluster
         t_start = time.perf_counter()
         idle = self._nothing_to_do()

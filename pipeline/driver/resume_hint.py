@@ -1,0 +1,45 @@
+"""What an interrupted job (Ctrl-C) tells its user: where it stopped, and the command that
+goes on from there."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Optional
+
+from pipeline.driver import checkpoint as ckpt
+
+RESUME_KEY = "train.checkpoint.resume"
+ENTRY = ["python", "-m", "pipeline.train"]
+
+
+def resume_args(args: list[str], configured: Optional[str]) -> list[str]:
+    """``args`` (the command line's overrides) set to resume from the newest checkpoint
+    under train.out_dir: an explicit resume override becomes ``auto``, and one is added
+    when the config (``configured``) would not resume by itself."""
+    out, explicit = [], False
+    for arg in args:
+        if arg.split("=", 1)[0].lstrip("+~") == RESUME_KEY:
+            out.append(f"{RESUME_KEY}=auto")
+            explicit = True
+        else:
+            out.append(arg)
+    if not explicit and configured != "auto":
+        out.append(f"{RESUME_KEY}=auto")
+    return out
+
+
+def interrupted_line(out_dir: str | Path, args: list[str], configured: Optional[str]) -> str:
+    """One line: the newest usable checkpoint under ``out_dir`` (or none) and the command
+    that resumes from it."""
+    last = ckpt.latest(out_dir)
+    if last is None and configured not in (None, "auto"):
+        # This job started from an explicit checkpoint and wrote none: start there again.
+        return (f"interrupted: no checkpoint was written under {out_dir}; the same command "
+                f"resumes from {configured} again: {shlex.join(ENTRY + args)}")
+    command = shlex.join(ENTRY + resume_args(args, configured))
+    if last is None:
+        return (f"interrupted: no checkpoint was written under {out_dir}, so a rerun starts "
+                f"from step 0: {command}")
+    return (f"interrupted: the newest checkpoint is {last} (step {ckpt.read_point(last).step})"
+            f"; resume with: {command}")

@@ -1,0 +1,104 @@
+"""One run folder, real `python -m pipeline.train` runs: a second job on the live folder is
+refused at once naming the first; Ctrl-C ends the first with one line and the command that
+resumes; that command, run as printed, takes over a dead job's lock and resumes."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.driver import checkpoint as ckpt
+from pipeline.driver.runlock import LOCK_NAME
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(found, proc, what, timeout_s=300):
+    deadline = time.monotonic() + timeout_s
+    while not found():
+        assert proc.poll() is None, f"the first job exited early ({proc.returncode})"
+        assert time.monotonic() < deadline, f"{what} never appeared"
+        time.sleep(0.1)
+
+
+def _group_left(pgid):
+    """Processes still in the process group ``pgid`` (the first job's Ray included)."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            left.append(int(entry.name))
+    return left
+
+
+def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, small_train_file,
+                                                                 tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    args = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "data.micro_batch_size=2",
+            "train.plan.epochs=100", "train.checkpoint.every=1", "train.log_every=1000",
+            f"data.train_path={small_train_file}", f"train.out_dir={out}",
+            "train.checkpoint.resume=null"]
+    cmd = [sys.executable, "-m", "pipeline.train", *args]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for((out / LOCK_NAME).exists, first, "the first job's lock")
+        second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=300)
+        text = second.stdout + second.stderr
+        assert second.returncode == 2, text[-3000:]
+        refusals = [line for line in text.splitlines() if "in use by another job" in line]
+        assert len(refusals) == 1 and f"pid {first.pid} on host {socket.gethostname()}" \
+            in refusals[0], text[-3000:]
+        assert "Traceback" not in text and "Started a local Ray" not in text
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == first.pid
+
+        _wait_for(lambda: list(ckpt.checkpoint_root(out).glob("step_*")), first,
+                  "a checkpoint")
+        os.kill(first.pid, signal.SIGINT)
+        stdout, stderr = first.communicate(timeout=300)
+        deadline = time.monotonic() + 60  # Ray's processes go with the driver
+        while _group_left(first.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _group_left(first.pid), "Ray or actor processes outlived the driver"
+    finally:
+        try:
+            os.killpg(first.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = stdout + stderr
+    assert first.returncode == 130, text[-3000:]
+    assert "Traceback" not in text and not (out / LOCK_NAME).exists()
+    lines = [line for line in text.splitlines() if "interrupted:" in line]
+    assert len(lines) == 1, text[-3000:]
+    newest = ckpt.latest(out)
+    assert f"the newest checkpoint is {newest} " in lines[0]
+    resume = lines[0].split("resume with: ", 1)[1]
+
+    # A job that died holding the folder (killed, never released): its lock is stale.
+    subprocess.run([sys.executable, "-c", "import sys; from pipeline.driver.runlock import "
+                    "RunLock; RunLock(sys.argv[1]).acquire()", str(out)], cwd=ROOT, env=env,
+                   check=True)
+    dead = json.loads((out / LOCK_NAME).read_text())["pid"]
+    step = ckpt.read_point(newest).step
+    # As printed, shell and all; stop_at_step only keeps the rerun short.
+    rerun = subprocess.run(["bash", "-c", f"{resume} train.plan.stop_at_step={step + 2}"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                           start_new_session=True)
+    text = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, text[-3000:]
+    assert re.search(rf"taking over \S+: its holder \(pid {dead} on host .*no longer running",
+                     text), text[-3000:]
+    assert f"resumed from {newest} at step {step}" in text and "done: 2 steps" in text
+    assert not (out / LOCK_NAME).exists()
