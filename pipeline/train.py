@@ -14,6 +14,7 @@ import sys
 import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.diskfull import disk_full_headline
 from pipeline.driver.job import Driver
 from pipeline.preflight import PreflightError
 
@@ -29,7 +30,15 @@ def main(cfg) -> None:
     except PreflightError as e:
         log.error("%s", e)  # one line: a missing file or wandb key needs no traceback
         raise SystemExit(2) from None
-    summary = driver.run()
+    try:
+        summary = driver.run()
+    except Exception as e:
+        line = disk_full_headline(e, driver.saves.last)
+        if line is None:
+            raise
+        logging.raiseExceptions = False  # train.log sits on the full disk: no traceback for it
+        log.error("%s", line)  # one line: the file that could not be written, what is kept
+        raise SystemExit(1) from None
     log.info(
         "done: %d steps in %.1fs, loss %.4f -> %.4f, tau %s -> %s, export %s", summary.steps,
         summary.wall_s, summary.losses[0], summary.losses[-1], summary.tau_before,
