@@ -181,6 +181,7 @@ def leave_free(nbytes):
 out = {"first": job("first", *base, "train.plan.max_steps=2")}
 pt = (run / "checkpoints" / "step_00000002" / "drafter.pt").stat().st_size
 leave_free(pt // 2)  # step 4's checkpoint does not fit; metrics rows and trace.json do
+(run / "trace.json").mkdir()  # but trace.json cannot replace a folder: a clean-up fails too
 out["checkpoint"] = job("checkpoint", *base, "train.plan.max_steps=4",
                         "train.checkpoint.resume=auto")
 leave_free((run / "export" / "model.safetensors").stat().st_size // 2)  # nor does an export
@@ -210,7 +211,7 @@ def _intact(run: Path) -> None:
     assert ckpt.read_point(ckpt.latest(run)).step == 2
     for line in (run / "metrics.jsonl").read_text().splitlines():
         json.loads(line)
-    if (run / "trace.json").exists():
+    if (run / "trace.json").is_file():
         assert json.loads((run / "trace.json").read_text())["traceEvents"]
 
 
@@ -235,6 +236,7 @@ def test_a_job_that_fills_the_disk_ends_with_one_line_and_keeps_its_checkpoint(
                      rf"{re.escape(str(mnt))}/run/checkpoints/step_00000002; free space, then "
                      rf"rerun with train.checkpoint.resume=auto to go on from it$",
                      _last_line(failed["out"])), failed["out"][-3000:]
+    assert "[WARNING] - writing trace.json failed too" in failed["out"]  # not the headline
     _intact(copies / "checkpoint")
     assert sorted(os.listdir(copies / "checkpoint" / "checkpoints")) == ["step_00000002"]
 
