@@ -12,6 +12,7 @@ import json
 import logging
 from pathlib import Path
 
+from pipeline.diskfull import DiskFullError
 from pipeline.driver import checkpoint as ckpt
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.config import DrafterSpec
@@ -47,7 +48,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    out = export_checkpoint(args.checkpoint, args.out, args.dtype)
+    try:
+        out = export_checkpoint(args.checkpoint, args.out, args.dtype)
+    except DiskFullError as e:
+        raise SystemExit(f"error: no space left on device: could not write {e.filename}; "
+                         f"{args.out} is as it was") from None
     log.info("exported %s -> %s", args.checkpoint, out)
 
 

@@ -14,6 +14,7 @@ import sys
 import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.diskfull import disk_full_headline
 from pipeline.driver.job import Driver
 from pipeline.driver.resume_hint import interrupted_line
 from pipeline.driver.runlock import RunLock
@@ -30,9 +31,11 @@ def main(cfg) -> None:
     except ValueError as e:  # a config mistake: one line
         log.error("%s", e)
         raise SystemExit(2) from None
+    driver = None
     try:
         with RunLock(job.train.out_dir):  # before the driver reads out_dir to resume
-            summary = _driver(job).run()
+            driver = _driver(job)
+            summary = driver.run()
     except PreflightError as e:
         log.error("%s", e)  # one line: a missing file, a wandb key or a locked folder
         raise SystemExit(2) from None
@@ -42,6 +45,13 @@ def main(cfg) -> None:
         log.error("%s", interrupted_line(job.train.out_dir, sys.argv[1:],
                                          job.train.checkpoint.resume))
         raise SystemExit(130) from None
+    except Exception as e:
+        line = disk_full_headline(e, driver.saves.last if driver is not None else None)
+        if line is None:
+            raise
+        logging.raiseExceptions = False  # train.log sits on the full disk: no traceback for it
+        log.error("%s", line)  # one line: the file that could not be written, what is kept
+        raise SystemExit(1) from None
     log.info(
         "done: %d steps in %.1fs, loss %.4f -> %.4f, tau %s -> %s, export %s", summary.steps,
         summary.wall_s, summary.losses[0], summary.losses[-1], summary.tau_before,

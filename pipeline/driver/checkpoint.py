@@ -9,9 +9,10 @@ Writing: drafter rank 0 writes and fsyncs drafter.pt in a staging folder (``.ste
 the driver writes state.json, fsyncs it and the folder, renames the folder into place and
 fsyncs the parent. An older folder of the same name is moved aside first and deleted only
 after the rename, and ``keep_last`` prunes only after the new folder is in place, so a crash
-at any point leaves the previous checkpoint whole. Staging folders a crash left behind are
-removed when the next job starts. With several nodes the out_dir must be on a filesystem
-that drafter rank 0 and the driver share.
+at any point leaves the previous checkpoint whole. A write that fails (a full disk) removes
+its staging folder at once; those a crash left behind are removed when the next job starts.
+With several nodes the out_dir must be on a filesystem that drafter rank 0 and the driver
+share.
 
 Reading: ``resume=auto`` (the default) takes the newest folder that checks out (state.json
 readable and complete, drafter.pt of the recorded size and digest) and warns about each newer
@@ -29,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+from pipeline.diskfull import writing
 from pipeline.preflight import PreflightError
 from pipeline.training.plan import ResumePoint
 from pipeline.training.state_io import FileRecord, fsync_dir, fsync_file, sha256_file
@@ -64,24 +66,45 @@ def clean_stale(out_dir: str | Path) -> list[Path]:
 
 def finalize(staging: Path, point: ResumePoint, files: list[FileRecord], extra: dict[str, Any],
              keep_last: int = 0) -> Path:
-    """Write state.json, make the staged folder durable and rename it into place."""
-    state = {**asdict(point), "files": [asdict(f) for f in files], **extra}
-    (staging / "state.json").write_text(json.dumps(state, indent=2))
-    for path in staging.iterdir():
-        fsync_file(path)
-    fsync_dir(staging)
+    """Write state.json, make the staged folder durable and rename it into place. If that
+    fails (a full disk: DiskFullError naming the file), the staging folder is removed."""
+    try:
+        _make_durable(staging, {**asdict(point), "files": [asdict(f) for f in files], **extra})
+    except BaseException:
+        discard(staging)
+        raise
     root = staging.parent
     final = root / f"{_PREFIX}{point.step:08d}"
     aside = None
     if final.exists():  # a rerun of the same step: keep the old one until the new one is in
         aside = root / f".{final.name}.old-{os.getpid()}"
         os.rename(final, aside)
-    os.rename(staging, final)
+    try:
+        os.rename(staging, final)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, final)
+        discard(staging)
+        raise
     fsync_dir(root)
     if aside is not None:
         shutil.rmtree(aside)
     prune(root, keep_last)
     return final
+
+
+def _make_durable(staging: Path, state: dict[str, Any]) -> None:
+    with writing(staging / "state.json"):
+        (staging / "state.json").write_text(json.dumps(state, indent=2))
+    for path in staging.iterdir():
+        with writing(path):
+            fsync_file(path)
+    fsync_dir(staging)
+
+
+def discard(staging: Path) -> None:
+    """Remove a staging folder whose checkpoint failed: nothing half-written stays behind."""
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def prune(root: Path, keep_last: int) -> list[Path]:

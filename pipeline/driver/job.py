@@ -13,6 +13,7 @@ import ray
 from ray.exceptions import RayError
 
 from pipeline.config import JobConfig
+from pipeline.diskfull import secondary
 from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.accounting import EpochAccount, SampleAccounting
 from pipeline.driver.actors import ActorGroup
@@ -161,7 +162,8 @@ class Driver:
                              "restarts": [r.line() for r in summary.restarts],
                              "accounts": [a.summary() for a in summary.accounts]})
         finally:
-            metrics.close()
+            with secondary("closing metrics.jsonl"):
+                metrics.close()
         return summary
 
     def _train_recovering(self, actors: ActorGroup, metrics: MetricsLogger,
@@ -277,10 +279,11 @@ class Driver:
                                  "weights are those of the last finite update") from None
         finally:
             progress.close()
-            written = trace.write(self.out_dir / "trace.json")
-            if written:
-                log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
-                         self.job.logger.trace_start + self.job.logger.trace_steps, written)
+            with secondary("writing trace.json"):
+                written = trace.write(self.out_dir / "trace.json")
+                if written:
+                    log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
+                             self.job.logger.trace_start + self.job.logger.trace_steps, written)
 
     def _check_finite(self, report: StepReport, summary: RunSummary, row: dict) -> None:
         """Count a skipped (non-finite) update; every drafter must have decided alike."""

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
+from pipeline.diskfull import DISK_FULL, disk_full_error
 from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.cursor import Cursor
 from pipeline.driver.scheduler import AfterStepCall
@@ -60,8 +61,7 @@ class CheckpointSaves:
         """A background write finished: the checkpoint counts once its step is reported."""
         staging, point = self._writing.pop(done.path)
         if done.error is not None:
-            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
-                               f"previous checkpoint ({self.last}) is intact")
+            raise self._failed(done, staging)
         # Renamed into place only once its step is reported: a restart resumes from the
         # newest checkpoint, and the accounting must already hold every step it covers.
         self._unreported.append((staging, point, done))
@@ -82,8 +82,16 @@ class CheckpointSaves:
         ray.get(drafter.save_checkpoint.remote(str(staging)))
         (done,) = ray.get(drafter.wait_saves.remote())
         if done.error is not None:
-            raise RuntimeError(f"checkpoint write {done.path} failed: {done.error}")
+            raise self._failed(done, staging)
         return self._finalize(staging, cursor.after(done.steps_done - 1), done)
+
+    def _failed(self, done: SaveDone, staging: Path) -> Exception:
+        """The error a failed write raises; its staging folder (a partial file) goes first."""
+        ckpt.discard(staging)
+        if done.errno in DISK_FULL:
+            return disk_full_error(done.path, done.errno)
+        return RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
+                            f"previous checkpoint ({self.last}) is intact")
 
     def _finalize(self, staging: Path, point: ResumePoint, saved: SaveDone) -> Path:
         assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.diskfull import write_atomic
 from pipeline.driver.scheduler import StepReport
 
 
@@ -42,7 +43,8 @@ class TraceRecorder:
                        report.step)
 
     def write(self, path: Path) -> Path | None:
+        """Whole or not at all: a full disk leaves no empty or cut-off trace.json."""
         if not self.events:
             return None
-        path.write_text(json.dumps({"traceEvents": self.events, "displayTimeUnit": "ms"}))
-        return path
+        return write_atomic(path, json.dumps({"traceEvents": self.events,
+                                              "displayTimeUnit": "ms"}))

@@ -17,6 +17,7 @@ from typing import Union
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.diskfull import DISK_FULL, disk_full_error, rust_os_error, temp_name, writing
 from pipeline.dtypes import DTYPES
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
@@ -33,7 +34,10 @@ def drafter_state_dict(model: DFlashDrafter, dtype: torch.dtype) -> dict[str, to
 
 
 def save_drafter(model: DFlashDrafter, out_dir: PathLike, dtype: str = "bfloat16") -> Path:
-    """Write config.json + model.safetensors into ``out_dir`` (created if needed)."""
+    """Write config.json + model.safetensors + the modeling file into ``out_dir`` (created if
+    needed). They are written and verified in a staging folder beside it and moved in only
+    when all are complete: a failed export (a full disk: DiskFullError naming the file) leaves
+    no partial file, and an earlier export in ``out_dir`` as it was."""
     if dtype not in DTYPES:
         raise ValueError(f"export dtype={dtype!r} is not allowed: expected one of {list(DTYPES)}")
     out = Path(out_dir)
@@ -42,12 +46,35 @@ def save_drafter(model: DFlashDrafter, out_dir: PathLike, dtype: str = "bfloat16
     # Checked before anything is written: a naming regression must not leave an export behind.
     check_config(config, str(out))
     check_tensors(config, {name: t.shape for name, t in state.items()}, str(out))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    shutil.copyfile(MODELING_FILE, out / MODELING_FILE.name)
-    verify_export(out)
+    staging = temp_name(out.resolve())
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        _write_export(staging, out, config, state)
+        verify_export(staging)
+        if out.exists():  # files of the user's beside an earlier export stay
+            for path in staging.iterdir():
+                os.replace(path, out / path.name)
+        else:
+            os.rename(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def _write_export(staging: Path, out: Path, config: dict, state: dict[str, torch.Tensor]) -> None:
+    """The export's files into ``staging``; a full disk names the file in ``out``."""
+    with writing(out / "config.json"):
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    try:
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    except Exception as exc:  # SafetensorError keeps the errno only in its message
+        code = rust_os_error(exc)
+        if code in DISK_FULL:
+            raise disk_full_error(out / "model.safetensors", code) from exc
+        raise
+    with writing(out / MODELING_FILE.name):
+        shutil.copyfile(MODELING_FILE, staging / MODELING_FILE.name)
 
 
 def load_drafter(path: PathLike, device: Union[str, torch.device] = "cpu",

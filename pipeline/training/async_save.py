@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from pipeline.diskfull import is_disk_full
 from pipeline.training.state_io import FileRecord, save_state
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class SaveDone:
     error: Optional[str]
     snapshot_s: float  # what the save cost the training loop (the host copy)
     write_s: float     # serialise + fsync + read-back, in the background
+    errno: Optional[int] = None  # of the OSError the write failed with (ENOSPC: disk full)
 
 
 class HostPool:
@@ -139,16 +141,19 @@ class AsyncSaver:
     def _write(self, host: Any, taken: list[torch.Tensor], path: Path, steps_done: int,
                held: float) -> None:
         t0 = time.perf_counter()
-        record, error = None, None
+        record, error, code = None, None, None
         try:
             record = save_state(host, path)
         except Exception as exc:  # reported to the driver, which decides
-            log.exception("checkpoint write %s failed", path)
+            if not is_disk_full(exc):  # a full disk needs no traceback: the driver says it
+                log.exception("checkpoint write %s failed", path)
             error = f"{type(exc).__name__}: {exc}"
+            code = exc.errno if isinstance(exc, OSError) else None
         finally:
             del host
             self.pool.release(taken)
-        done = SaveDone(str(path), steps_done, record, error, held, time.perf_counter() - t0)
+        done = SaveDone(str(path), steps_done, record, error, held, time.perf_counter() - t0,
+                        code)
         with self._lock:
             self._finished.append(done)
 

@@ -3,7 +3,8 @@
 ``torch.load(weights_only=False)`` unpickles whatever a file holds, so a checkpoint from
 elsewhere could execute code on load. Every load here uses torch's restricted unpickler
 (tensors, plain containers and numbers only) and turns a refusal into a ValueError naming
-the file. Writes are fsynced, so a file that a rename later makes visible is on disk.
+the file. Writes are fsynced, so a file that a rename later makes visible is on disk; a full
+disk is raised as a DiskFullError naming the file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from pipeline.diskfull import writing
 
 
 @dataclass(frozen=True)
@@ -50,15 +53,21 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
 
 
 class _HashingFile:
-    """A write-only file that hashes what passes through (hashlib releases the GIL)."""
+    """A write-only file that hashes what passes through (hashlib releases the GIL), and
+    keeps the first OSError a write raised: torch.save replaces it with a RuntimeError."""
 
     def __init__(self, f) -> None:
         self.f = f
         self.digest = hashlib.sha256()
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
         self.digest.update(data)
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -66,12 +75,23 @@ class _HashingFile:
 
 def save_state(state: dict[str, Any], path: Path) -> FileRecord:
     """torch.save, fsync, and read back: the record a checkpoint keeps to verify it later
-    holds the digest of the bytes torch.save produced, and the bytes on disk match it."""
-    with open(path, "wb") as raw:
-        out = _HashingFile(raw)
-        torch.save(state, out)
-        raw.flush()
-        os.fsync(raw.fileno())
+    holds the digest of the bytes torch.save produced, and the bytes on disk match it.
+    A full disk raises DiskFullError naming ``path`` (a partial file stays: its folder's
+    owner removes it)."""
+    out = None
+    with writing(path):
+        try:
+            with open(path, "wb") as raw:
+                out = _HashingFile(raw)
+                torch.save(state, out)
+                raw.flush()
+                os.fsync(raw.fileno())
+        except RuntimeError as exc:
+            # torch.save reports a failed write as "inline_container.cc ... unexpected pos";
+            # the OSError the file raised says why.
+            if out is None or out.error is None:
+                raise
+            raise out.error from exc
     digest = out.digest.hexdigest()
     on_disk = sha256_file(path)
     if on_disk != digest:

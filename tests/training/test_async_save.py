@@ -1,6 +1,12 @@
 """Checkpoint writes in the background: the snapshot is the state at the call, the write is
 verified before it is reported, a failed write is reported (not raised), buffers are reused."""
 
+import errno
+import logging
+import stat
+from pathlib import Path
+
+import pytest
 import torch
 
 from pipeline.training.async_save import AsyncSaver, HostPool, map_tensors, snapshot
@@ -55,3 +61,20 @@ def test_host_buffers_are_reused_across_saves(tmp_path):
     ids = lambda s: {s["model"]["w"].data_ptr(), s["optimizer"]["state"][0]["exp_avg"].data_ptr()}  # noqa: E731
     assert ids(first) == ids(second)
     assert torch.equal(second["model"]["w"], _state()["model"]["w"])
+
+
+def test_a_full_disk_is_reported_with_its_errno_and_no_traceback(tmp_path, caplog):
+    full = Path("/dev/full")
+    if not (full.exists() and stat.S_ISCHR(full.stat().st_mode)):
+        pytest.skip("/dev/full (the kernel's always-full device) is missing on this machine")
+    (tmp_path / "drafter.pt").symlink_to(full)  # writes through it fail with ENOSPC
+    saver = AsyncSaver(HostPool([], pin=False))
+    with caplog.at_level(logging.WARNING):
+        saver.start(_state, tmp_path / "drafter.pt", steps_done=1)
+        (failed,) = saver.wait()
+    assert failed.record is None and failed.errno == errno.ENOSPC
+    assert failed.error.startswith("DiskFullError") and "No space left" in failed.error
+    assert "Traceback" not in caplog.text  # the driver says it, in one line
+    saver.start(_state, tmp_path / "ok.pt", steps_done=2)
+    (done,) = saver.wait()
+    assert done.error is None and done.errno is None
