@@ -15,7 +15,7 @@ import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.diskfull import disk_full_headline
-from pipeline.driver.job import Driver
+from pipeline.driver.job import Driver, RunSummary
 from pipeline.driver.resume_hint import interrupted_line
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
@@ -52,10 +52,25 @@ def main(cfg) -> None:
         logging.raiseExceptions = False  # train.log sits on the full disk: no traceback for it
         log.error("%s", line)  # one line: the file that could not be written, what is kept
         raise SystemExit(1) from None
-    log.info(
-        "done: %d steps in %.1fs, loss %.4f -> %.4f, tau %s -> %s, export %s", summary.steps,
-        summary.wall_s, summary.losses[0], summary.losses[-1], summary.tau_before,
-        summary.tau_after, summary.export_dir)
+    if _report(summary):
+        raise SystemExit(1)
+
+
+def _report(summary: RunSummary) -> int:
+    """The job's last line; 1 when eval was on and every tau evaluation failed."""
+    if summary.nothing_to_train:
+        return 0  # the driver said why, in one line
+    loss = (f"loss {summary.losses[0]:.4f} -> {summary.losses[-1]:.4f}" if summary.losses
+            else "no loss reported")
+    done = f"{summary.steps} steps in {summary.wall_s:.1f}s, {loss}"
+    if summary.evals.all_failed:  # trained and exported, but without the figure asked for
+        kept = (f"export {summary.export_dir} and checkpoint {summary.checkpoints[-1]} are kept"
+                if summary.checkpoints else f"export {summary.export_dir} is kept")
+        log.error("%s; training finished (%s): %s", summary.evals.never_line(), done, kept)
+        return 1
+    log.info("done: %s, %s, export %s", done,
+             summary.evals.phrase(summary.tau_before, summary.tau_after), summary.export_dir)
+    return 0
 
 
 def _driver(job) -> Driver:

@@ -11,6 +11,8 @@ The evaluator is not part of the training set: when it dies, the evaluation it t
 is reported as failed (a warning naming the tau evaluator), a new one is started without
 waiting for it, and training goes on. It is replaced at most ``train.recovery.max_restarts``
 times, counted apart from the training set's restarts; after that tau is no longer evaluated.
+Every failed evaluation, whatever the cause, is counted by the driver (eval_tally.py): a job
+whose every evaluation failed ends with exit code 1 once training and export are done.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pipeline.config import JobConfig
 from pipeline.driver.scheduler import AfterStepCall
@@ -41,17 +43,18 @@ class TauEvaluator:
     """Context-managed: the actor starts on entry (when eval is on) and is killed on exit."""
 
     def __init__(self, job: JobConfig, resolved: ResolvedJob,
-                 prompts: Callable[[], list[list[int]]]) -> None:
+                 prompts: Callable[[], list[list[int]]], worker: type = EvalWorker) -> None:
         self.job = job
         self.r = resolved
         self._prompts = prompts
+        self.worker = worker  # the actor's class (fault-injection tests give a subclass)
         self.actor: Any = None
         self.in_flight = 0  # evaluations sent behind steps and not yet back
         self.restarts = 0  # evaluators started again after one died
 
     @property
     def enabled(self) -> bool:
-        return self.job.train.eval.every >= 0 and self.job.train.eval.prompts > 0
+        return self.job.train.eval.off is None
 
     def __enter__(self) -> "TauEvaluator":
         """Launch only: the evaluator builds while the training actors start beside it;
@@ -89,7 +92,7 @@ class TauEvaluator:
         e, r = self.job.train.eval, self.r
         gpus = e.gpus if r.device == "cuda" else 0.0
         self.actor = start_actor(
-            EvalWorker, Placement(cpus=self.job.cluster.cpus_per_actor, gpus=gpus),
+            self.worker, Placement(cpus=self.job.cluster.cpus_per_actor, gpus=gpus),
             spec=r.spec, target_path=r.target_path, device=r.device,
             target_dtype=r.autocast_dtype or torch.float32, prompts=self._prompts(),
             max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id)
@@ -158,7 +161,8 @@ class TauEvaluator:
         replaced fail too, and must not start another.
         """
         if not _died(error, actor):  # e.g. drafter rank 0, whose weights it needed, died
-            return _failed(step, f"the tau evaluator got no weights: {_first_line(error)}")
+            return _failed(step, "the tau evaluation failed in Ray (in the evaluator, or in "
+                                 f"drafter rank 0 handing it the weights): {_first_line(error)}")
         if actor is self.actor:
             self._replace(step)
         return _failed(step, f"the tau evaluator died ({_first_line(error)}); "
@@ -201,6 +205,8 @@ def _failed(step: int, why: str) -> EvalResult:
 
 
 def _first_line(error: BaseException) -> str:
+    if isinstance(error, RayTaskError) and error.cause is not None:
+        error = error.cause  # its first line names only the Ray task, not what went wrong
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 

@@ -20,7 +20,9 @@ from pipeline.driver.actors import ActorGroup
 from pipeline.driver.contract import KEY as CONTRACT_KEY
 from pipeline.driver.contract import Contract, check_resume
 from pipeline.driver.cursor import Cursor
+from pipeline.driver.eval_tally import EvalTally
 from pipeline.driver.evaluator import TauEvaluator
+from pipeline.driver.finished import nothing_left
 from pipeline.driver.launcher import check_cluster
 from pipeline.driver.layout import with_live_layout
 from pipeline.driver.progress import Progress
@@ -36,7 +38,7 @@ from pipeline.resolve import resolve_job
 from pipeline.training.plan import ResumePoint
 from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
-from pipeline.workers.eval_worker import EvalResult
+from pipeline.workers.eval_worker import EvalResult, EvalWorker
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class RunSummary:
     graph_warned: bool = False
     restarts: list[Recovery] = field(default_factory=list)
     skipped_steps: set[int] = field(default_factory=set)  # steps whose update was not finite
+    evals: Optional[EvalTally] = None  # every tau evaluation's outcome (set by the driver)
+    nothing_to_train: Optional[str] = None  # why the job trained nothing (it ended at once)
 
     @property
     def steps(self) -> int:
@@ -89,6 +93,7 @@ class Driver:
         self._nonfinite_in_row = 0
         self._heldout: Optional[list[list[int]]] = None
         self.evaluator: Optional[TauEvaluator] = None
+        self.eval_worker: type = EvalWorker  # the evaluator actor's class (fault injection)
 
     def run(self) -> RunSummary:
         # One job per out_dir, held before anything is written there or Ray starts.
@@ -111,7 +116,7 @@ class Driver:
                 self.r = resolve_job(self.job, device=device)
             ckpt.clean_stale(self.out_dir)
             # The evaluator is launched first and built while the training actors start.
-            with TauEvaluator(self.job, self.r, self._prompts) as evaluator, \
+            with TauEvaluator(self.job, self.r, self._prompts, self.eval_worker) as evaluator, \
                     ActorGroup(self.job, self.r, self.resume) as actors:
                 evaluator.wait_ready()
                 self.actors = actors
@@ -120,15 +125,18 @@ class Driver:
                 return self._run(actors, t_start)
 
     def _nothing_to_do(self) -> Optional[RunSummary]:
-        """A resume whose checkpoint already holds the steps asked for trains nothing."""
-        plan = self.job.train.plan
-        limits = [n for n in (plan.max_steps, plan.stop_at_step) if n is not None]
-        if self.resume is None or not limits or self.resume.step < min(limits):
+        """A resume whose checkpoint already holds what the job asks for trains nothing."""
+        point = self.resume
+        why = nothing_left(self.job.train.plan, point, self.resume_from) if point else None
+        if why is None:
             return None
-        log.warning("nothing to train: checkpoint %s holds %d steps, and train.plan.max_steps="
-                    "%s, train.plan.stop_at_step=%s", self.resume_from, self.resume.step,
-                    plan.max_steps, plan.stop_at_step)
-        return RunSummary(self.resume.step, self.resume.step, 0)
+        evals = EvalTally(off=self.job.train.eval.off)
+        return self._idle(RunSummary(point.step, point.step, 0, evals=evals), why)
+
+    def _idle(self, summary: RunSummary, why: str) -> RunSummary:
+        log.warning("nothing to train: %s", why)
+        summary.nothing_to_train = why
+        return summary
 
     def _load_checkpoint(self, actors: ActorGroup, path: Optional[Path],
                          point: Optional[ResumePoint]) -> None:
@@ -141,11 +149,12 @@ class Driver:
 
     def _run(self, actors: ActorGroup, t_start: float) -> RunSummary:
         job, plan = self.job, actors.plan
-        summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples)
+        summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples,
+                             evals=EvalTally(off=job.train.eval.off))
         if summary.steps <= 0:
-            log.warning("nothing to train: the plan has no steps left after step %d",
-                        plan.first_step)
-            return summary
+            why = (f"no training sample is left ({plan.data_summary})" if not plan.num_samples
+                   else f"the plan has no steps left after step {plan.first_step}")
+            return self._idle(summary, why)
         metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
         try:
             # tau before training runs beside the first steps, not ahead of them.
@@ -154,10 +163,11 @@ class Driver:
             self._train_recovering(actors, metrics, summary, start_calls)
             summary.export_dir = ray.get(actors.drafters[0].export.remote(
                 str(self.out_dir / "export"), job.train.export_dtype))
-            summary.tau_after = self._evaluate(actors, metrics, summary.end_step, "after")
+            summary.tau_after = self._evaluate(actors, metrics, summary)
             summary.wall_s = time.perf_counter() - t_start
             metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
-                             "tau_after": summary.tau_after,
+                             "tau_after": summary.tau_after, **summary.evals.metrics(),
+                             "eval/first_error": summary.evals.first_error,
                              "skipped_steps": sorted(summary.skipped_steps),
                              "restarts": [r.line() for r in summary.restarts],
                              "accounts": [a.summary() for a in summary.accounts]})
@@ -261,7 +271,7 @@ class Driver:
             calls = []
             every = self.job.train.eval.every
             if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
-                calls.append(self._evaluate_async(actors, metrics, step + 1))
+                calls.append(self._evaluate_async(actors, metrics, summary, step + 1))
             if self._checkpoint_due(step + 1, stop):
                 calls.append(self.saves.save_async(actors.drafters[0], cursor, step))
             return calls
@@ -305,17 +315,16 @@ class Driver:
         return {"drafter_config": self.r.spec.hf_config, "job": asdict(self.job),
                 CONTRACT_KEY: self.contract.record()}
 
-    def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger,
+    def _evaluate_async(self, actors: ActorGroup, metrics: MetricsLogger, summary: RunSummary,
                         step: int) -> AfterStepCall:
         """Evaluate the weights after ``step`` on the evaluator while training goes on; the
         result is logged at ``step`` whenever it lands."""
+        when = "before training" if step == 0 else f"at step {step}"
+
         def done(result: EvalResult) -> None:
-            if result.error:
-                log.warning("tau at step %d failed, training goes on: %s", step, result.error)
-                return
-            metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
-            log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
-                     result.tau, result.seconds)
+            if self._record_eval(result, metrics, summary, step, when) is not None:
+                log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
+                         result.tau, result.seconds)
         assert self.evaluator is not None
         return self.evaluator.behind_step(actors.drafters[0], step, done)
 
@@ -323,7 +332,7 @@ class Driver:
                     summary: RunSummary) -> AfterStepCall:
         """tau of the untrained drafter: its weights are copied ahead of step 1 and evaluated
         while training runs."""
-        call = self._evaluate_async(actors, metrics, 0)
+        call = self._evaluate_async(actors, metrics, summary, 0)
 
         def done(result: EvalResult) -> None:
             call.on_done(result)
@@ -350,19 +359,28 @@ class Driver:
             log.warning("drafter.compile=reduce-overhead, but inductor skipped %d CUDA "
                         "graph(s): see TORCH_LOGS=perf_hints for why", skips)
 
-    def _evaluate(self, actors: ActorGroup, metrics: MetricsLogger, step: int,
-                  label: str) -> Optional[float]:
+    def _evaluate(self, actors: ActorGroup, metrics: MetricsLogger,
+                  summary: RunSummary) -> Optional[float]:
+        """tau after training (waited for); None when eval is off or it failed."""
         assert self.evaluator is not None
+        step = summary.end_step
         result = self.evaluator.evaluate(actors.drafters[0], step)
         if result is None:
             return None
-        if result.error:
-            log.warning("tau %s training failed: %s", label, result.error)
-            return None
-        metrics.log({"eval/tau": result.tau, "trainer/step": step}, step)
-        log.info("tau %s training: %.3f on %d held-out prompts", label, result.tau,
-                 result.num_prompts)
-        return result.tau
+        tau = self._record_eval(result, metrics, summary, step, "after training")
+        if tau is not None:
+            log.info("tau after training: %.3f on %d held-out prompts", tau, result.num_prompts)
+        return tau
+
+    def _record_eval(self, result: EvalResult, metrics: MetricsLogger, summary: RunSummary,
+                     step: int, when: str) -> Optional[float]:
+        """Count an evaluation's outcome and log its row at ``step``: its tau, or None."""
+        ok = summary.evals.record(result, when)
+        row = {**summary.evals.metrics(), "trainer/step": step}
+        if ok:
+            row["eval/tau"] = result.tau
+        metrics.log(row, step)
+        return result.tau if ok else None
 
     def _prompts(self) -> list[list[int]]:
         if self._heldout is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from pipeline.validate import require
 
@@ -24,3 +25,12 @@ class EvalConfig:
                 ">= 1")
         require(0 < self.gpus <= 1, "train.eval.gpus", self.gpus,
                 "in (0, 1]: a fraction of a GPU beside the training actors")
+
+    @property
+    def off(self) -> Optional[str]:
+        """The setting that turns tau evaluation off, or None when it is on."""
+        if self.every < 0:
+            return f"train.eval.every={self.every}"
+        if self.prompts == 0:
+            return "train.eval.prompts=0"
+        return None

@@ -16,7 +16,9 @@ import gc
 import logging
 import math
 import time
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -29,6 +31,10 @@ from pipeline.workers.common import actor_device
 from pipeline.workers.weights import Weights
 
 log = logging.getLogger(__name__)
+
+# An error's message in the one line the driver shows (a state-dict mismatch lists every key).
+_MAX_MESSAGE = 400
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -66,12 +72,13 @@ class EvalWorker:
         try:
             tau = self._evaluate(weights)
         except Exception as e:  # reported to the driver, which trains on without this figure
-            log.exception("tau after step %d failed", step)
+            # The driver shows each distinct error once, in one line that says where it was
+            # raised; the traceback stays at debug level (it would repeat every evaluation).
+            log.debug("tau after step %d failed", step, exc_info=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return EvalResult(step=step, tau=math.nan, num_prompts=len(self.prompts),
-                              seconds=time.perf_counter() - t0,
-                              error=f"{type(e).__name__}: {e}")
+                              seconds=time.perf_counter() - t0, error=error_line(e))
         seconds = time.perf_counter() - t0
         log.info("tau after step %d: %.3f (%d prompts, %.1fs)", step, tau, len(self.prompts),
                  seconds)
@@ -97,3 +104,16 @@ class EvalWorker:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+
+def error_line(error: BaseException) -> str:
+    """``Type: message (at file.py:line in function)`` on one line, the message cut at
+    :data:`_MAX_MESSAGE` characters."""
+    text = " ".join(str(error).split())
+    if len(text) > _MAX_MESSAGE:
+        text = text[:_MAX_MESSAGE - 3] + "..."
+    line = f"{type(error).__name__}: {text}"
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames:
+        last = frames[-1]
+        line += f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
+    return line

@@ -63,6 +63,8 @@ def test_evaluator_matches_drafter_rank0_evaluation(tiny_assets, tmp_path):
     failed = worker.evaluate({"not_a_weight": torch.zeros(1)}, step=8)
     assert failed.step == 8 and failed.tau != failed.tau  # nan
     assert failed.error.startswith("RuntimeError: Error(s) in loading state_dict")
+    # one line that says where it was raised (the driver shows it once, without a traceback)
+    assert "\n" not in failed.error and failed.error.endswith("in load_state_dict)")
     worker.close()  # frees what it loaded
     assert not worker.holds_target() and worker.drafter is None
 
@@ -213,6 +215,11 @@ def test_a_killed_evaluator_is_restarted_and_training_goes_on(ray_cluster, small
     assert summary.end_step == 6
     assert "the tau evaluator died" in caplog.text and "starting a new one" in caplog.text
     assert driver.evaluator.restarts == 1
+    # before training, after steps 2 and 4, after training: those that met the dead evaluator
+    # (which ones depends on timing) failed and are counted; tau after training did not
+    evals = summary.evals
+    assert evals.total == 4 and evals.failed >= 1 and not evals.all_failed
+    assert "the tau evaluator died" in evals.first_error
     assert summary.tau_after is not None and math.isfinite(summary.tau_after)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     taus = [(r["step"], r["eval/tau"]) for r in rows if "eval/tau" in r]
