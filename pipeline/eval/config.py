@@ -21,8 +21,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         require(self.every >= -1, "train.eval.every", self.every, ">= -1")
         require(self.prompts >= 0, "train.eval.prompts", self.prompts, ">= 0 (0: no eval)")
-        require(self.max_new_tokens >= 1, "train.eval.max_new_tokens", self.max_new_tokens,
-                ">= 1")
+        # The first new token is the target's own: with one, no drafting round runs and no
+        # tau can come out.
+        require(self.max_new_tokens >= 2, "train.eval.max_new_tokens", self.max_new_tokens,
+                ">= 2 (the first new token is the target's own; tau needs a drafting round)")
         require(0 < self.gpus <= 1, "train.eval.gpus", self.gpus,
                 "in (0, 1]: a fraction of a GPU beside the training actors")
 
