@@ -13,6 +13,7 @@ import sys
 import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.preflight import PreflightError
 from pipeline.training.single import SingleProcessTrainer
 
 register_configs()
@@ -21,7 +22,11 @@ log = logging.getLogger(__name__)
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
-    trainer = SingleProcessTrainer(to_job_config(cfg))
+    try:
+        trainer = SingleProcessTrainer(to_job_config(cfg))
+    except PreflightError as e:
+        log.error("%s", e)  # one line: a bad data line or a missing file needs no traceback
+        raise SystemExit(2) from None
     tau_before = trainer.evaluate_tau()
     history = trainer.train()
     tau_after = trainer.evaluate_tau()

@@ -29,6 +29,7 @@ from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
+from pipeline.job_data import load_job_data
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.training.plan import ResumePoint
@@ -79,12 +80,15 @@ class Driver:
             self.resume = ckpt.read_point(self.resume_from)
         self.saves = CheckpointSaves(self.out_dir, job.train.checkpoint.keep_last,
                                      self._state_extra, last=self.resume_from)
+        # Read, checked and encoded before Ray: a bad line stops the job here as one line, and
+        # the prefetcher gets this encoded set instead of reading the file again.
+        eval_on = TauEvaluator(job, self.r, self._prompts).enabled  # starts nothing
+        self.data = load_job_data(job, self.r, heldout=eval_on)
         self.actors: Optional[ActorGroup] = None  # while running
         # Called with the steps done after each step (monitoring; fault-injection tests).
         self.step_listeners: list[Callable[[int], None]] = []
         self._loop: Optional[StepLoop] = None
         self._nonfinite_in_row = 0
-        self._heldout: Optional[list[list[int]]] = None
         self.evaluator: Optional[TauEvaluator] = None
 
     def run(self) -> RunSummary:
@@ -104,7 +108,7 @@ class Driver:
             ckpt.clean_stale(self.out_dir)
             # The evaluator is launched first and built while the training actors start.
             with TauEvaluator(self.job, self.r, self._prompts) as evaluator, \
-                    ActorGroup(self.job, self.r, self.resume) as actors:
+                    ActorGroup(self.job, self.r, self.data.train, self.resume) as actors:
                 evaluator.wait_ready()
                 self.actors = actors
                 self.evaluator = evaluator
@@ -355,13 +359,5 @@ class Driver:
         return result.tau
 
     def _prompts(self) -> list[list[int]]:
-        if self._heldout is None:
-            from transformers import AutoTokenizer
-
-            from pipeline.eval.tau import heldout_prompts
-
-            tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
-            self._heldout = heldout_prompts(self.r.heldout_path, tokenizer,
-                                            self.job.train.eval.prompts, self.job.data.format,
-                                            self.job.data.enable_thinking)
-        return self._heldout
+        assert self.data.heldout is not None, "held-out prompts asked for with eval off"
+        return self.data.heldout
