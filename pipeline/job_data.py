@@ -56,7 +56,7 @@ def load_job_data(job: JobConfig, resolved: ResolvedJob, heldout: bool) -> JobDa
     stats = DataStats()
     prompts = _checked(lambda: heldout_prompts(
         r.heldout_path, tokenizer, job.train.eval.prompts, data.format, data.enable_thinking,
-        data.on_bad_line, stats))
+        data.on_bad_line, stats, data.max_line_bytes))
     if not prompts:
         raise PreflightError(
             f"{_where('data.heldout_path', data.heldout_path, r.heldout_path)}: no held-out "

@@ -3,42 +3,39 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
+from pipeline.data import DataError, DataStats, read_conversations
+from pipeline.data.config import DEFAULT_MAX_LINE_BYTES
+from pipeline.data.template import prompt_ids
 from pipeline.eval.speculative import DrafterProposer, acceptance_length, speculative_generate
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
-
-if TYPE_CHECKING:
-    from pipeline.data import DataStats
 
 log = logging.getLogger(__name__)
 
 
 def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto",
                     enable_thinking: bool = True, on_bad_line: str = "error",
-                    stats: Optional[DataStats] = None) -> list[list[int]]:
+                    stats: Optional[DataStats] = None,
+                    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> list[list[int]]:
     """Each conversation up to (not including) its first assistant turn, as prompt token ids.
 
     ``enable_thinking`` must be ``data.enable_thinking``: the prompts the drafter trained on.
     The file is read only until ``limit`` prompts are found; bad lines among those read stop
     the read (``on_bad_line="error"``) or are skipped, counted in ``stats`` and reported once.
     """
-    from pipeline.data import DataError, DataStats, read_conversations
-    from pipeline.data.template import prompt_ids
-
     stats = stats if stats is not None else DataStats()
     prompts = []
-    for conv in read_conversations(path, fmt, on_bad_line, stats, warn_skipped=False):
+    for conv in read_conversations(path, fmt, on_bad_line, stats, max_line_bytes,
+                                   warn_skipped=False):
         messages = conv.messages
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
         try:
-            prompts.append(prompt_ids(tokenizer, messages[:first],
-                                      enable_thinking=enable_thinking))
-            stats.conversations += 1
+            ids = prompt_ids(tokenizer, messages[:first], enable_thinking=enable_thinking)
         except Exception as e:  # a template error, which names no line
             bad = DataError(path, conv.line_index + 1, f"the chat template fails on the prompt "
                             f"({type(e).__name__}: {e})", "template")
@@ -46,6 +43,8 @@ def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto",
                 raise bad from None
             stats.record_bad(str(bad), bad.kind)
             continue
+        prompts.append(ids)
+        stats.conversations += 1
         if len(prompts) >= limit:
             break
     for line in stats.skipped_report(path):
