@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 def main(cfg) -> None:
     try:
         trainer = SingleProcessTrainer(to_job_config(cfg))
-    except ValueError as e:  # a config or file mistake: one line, no traceback
-        log.error("%s", e)
+    except ValueError as e:  # PreflightError included: a config, file or data mistake
+        log.error("%s", e)  # one line, no traceback
         raise SystemExit(2) from None
     tau_before = trainer.evaluate_tau()
     history = trainer.train()

@@ -2,9 +2,9 @@
 
 Every non-blank line is one conversation. A malformed line raises :class:`DataError` naming the
 file and the 1-based line number, or, with ``on_bad_line="skip"``, is counted in a
-:class:`DataStats` and reported with a log warning. Blank lines are ignored but still count
-towards line numbers, so a conversation's id (its 0-based line index) never depends on other
-lines.
+:class:`DataStats` and reported with a log warning. Blank lines give no conversation but are
+counted, and count towards line numbers, so a conversation's id (its 0-based line index) never
+depends on other lines.
 """
 
 from __future__ import annotations
@@ -145,12 +145,15 @@ def _decode(raw: bytes) -> str:
 
 def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
                        stats: Optional[DataStats] = None,
-                       max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Conversation]:
+                       max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *,
+                       warn_skipped: bool = True) -> Iterator[Conversation]:
     """Yield the conversations of a JSONL file in line order.
 
-    ``stats`` (if given) counts lines read and bad lines skipped, by kind; skipped lines are
-    also reported in one warning when the file has been read to the end. No line longer than
-    ``max_line_bytes`` is held in memory: the rest of it is read past and the line is bad.
+    ``stats`` (if given) counts lines read, blank lines and bad lines skipped, by kind;
+    skipped lines are also reported in one warning when the file has been read to the end,
+    unless ``warn_skipped`` is false (a caller that reports them itself, with what it finds
+    later, so each bad line is reported once). No line longer than ``max_line_bytes`` is held
+    in memory: the rest of it is read past and the line is bad.
     """
     require_choice("fmt", fmt, FORMATS)
     require_choice("on_bad_line", on_bad_line, ON_BAD_LINE)
@@ -160,6 +163,7 @@ def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
     with open(path, "rb") as f:
         for index, raw in enumerate(_lines(f, max_line_bytes)):
             if isinstance(raw, bytes) and not raw.strip():
+                stats.blank += 1
                 continue
             stats.lines_read += 1
             try:
@@ -175,7 +179,7 @@ def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
                 continue
             yield Conversation(index, messages)
     skipped = stats.skipped_bad - skipped_before
-    if skipped:
+    if skipped and warn_skipped:
         log.warning("skipped %d malformed line(s) of %s (on_bad_line=skip): %s; first: %s",
                     skipped, path, stats.kinds_summary(), "; ".join(stats.bad_examples[:3]))
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import ray
 
 from pipeline.config import JobConfig
+from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
 from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
@@ -32,11 +33,15 @@ log = logging.getLogger(__name__)
 
 
 class ActorGroup:
-    def __init__(self, job: JobConfig, resolved: ResolvedJob,
+    def __init__(self, job: JobConfig, resolved: ResolvedJob, dataset: ChatDataset,
                  resume: Optional[ResumePoint] = None) -> None:
         self.job = job
         self.r = resolved
         self.resume = resume
+        # The driver's encoded training set, put in the object store on the first start and
+        # handed to every prefetcher this group starts: none reads or encodes the file again.
+        self._dataset = dataset
+        self._dataset_ref: Any = None
         self._clear()
 
     def _clear(self) -> None:
@@ -66,7 +71,7 @@ class ActorGroup:
         assert self.prefetcher is None, "start() on a started group: close() or restart()"
         self.prefetcher = self._start_prefetcher()
         self.plan = plan = ray.get(self.prefetcher.summary.remote())
-        log.info("data: %s; steps %d..%d of %d micro-batches", plan.data_summary,
+        log.info("plan: %d samples; steps %d..%d of %d micro-batches", plan.num_samples,
                  plan.first_step + 1, plan.end_step, self.micro_batches_per_step)
         self.groups = node_groups(self.job.cluster, self.r.device)
         for n, group in enumerate(self.groups):
@@ -198,10 +203,11 @@ class ActorGroup:
     # -- starting ---------------------------------------------------------------------------
     def _start_prefetcher(self) -> Any:
         job, r, plan = self.job, self.r, self.job.train.plan
+        if self._dataset_ref is None:
+            self._dataset_ref = ray.put(self._dataset)
         return start_actor(
             Prefetcher, Placement(cpus=job.cluster.cpus_per_actor),
-            train_path=r.train_path, tokenizer_path=r.target_path, data=job.data,
-            block_size=r.spec.block_size, epochs=plan.epochs,
+            dataset=self._dataset_ref, data=job.data, epochs=plan.epochs,
             micro_batches_per_step=self.micro_batches_per_step, max_steps=plan.max_steps,
             pad_token_id=r.pad_token_id,
             shapes=self._shapes,

@@ -33,6 +33,7 @@ from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
+from pipeline.job_data import load_job_data
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.training.plan import ResumePoint
@@ -86,12 +87,18 @@ class Driver:
             self.resume = ckpt.read_point(self.resume_from)
         self.saves = CheckpointSaves(self.out_dir, job.train.checkpoint.keep_last,
                                      self._state_extra, last=self.resume_from)
+        # A finished run's rerun ends before the data is read or Ray starts.
+        self.finished = nothing_left(job.train.plan, self.resume, self.resume_from) \
+            if self.resume is not None else None
+        # Read, checked and encoded before Ray: a bad line stops the job here as one line, and
+        # the prefetcher gets this encoded set instead of reading the file again.
+        self.data = None if self.finished else \
+            load_job_data(job, self.r, heldout=job.train.eval.off is None)
         self.actors: Optional[ActorGroup] = None  # while running
         # Called with the steps done after each step (monitoring; fault-injection tests).
         self.step_listeners: list[Callable[[int], None]] = []
         self._loop: Optional[StepLoop] = None
         self._nonfinite_in_row = 0
-        self._heldout: Optional[list[list[int]]] = None
         self.evaluator: Optional[TauEvaluator] = None
         self.eval_worker: type = EvalWorker  # the evaluator actor's class (fault injection)
 
@@ -117,7 +124,7 @@ class Driver:
             ckpt.clean_stale(self.out_dir)
             # The evaluator is launched first and built while the training actors start.
             with TauEvaluator(self.job, self.r, self._prompts, self.eval_worker) as evaluator, \
-                    ActorGroup(self.job, self.r, self.resume) as actors:
+                    ActorGroup(self.job, self.r, self.data.train, self.resume) as actors:
                 evaluator.wait_ready()
                 self.actors = actors
                 self.evaluator = evaluator
@@ -126,12 +133,11 @@ class Driver:
 
     def _nothing_to_do(self) -> Optional[RunSummary]:
         """A resume whose checkpoint already holds what the job asks for trains nothing."""
-        point = self.resume
-        why = nothing_left(self.job.train.plan, point, self.resume_from) if point else None
-        if why is None:
+        if self.finished is None:
             return None
+        point = self.resume
         evals = EvalTally(off=self.job.train.eval.off)
-        return self._idle(RunSummary(point.step, point.step, 0, evals=evals), why)
+        return self._idle(RunSummary(point.step, point.step, 0, evals=evals), self.finished)
 
     def _idle(self, summary: RunSummary, why: str) -> RunSummary:
         log.warning("nothing to train: %s", why)
@@ -152,9 +158,9 @@ class Driver:
         summary = RunSummary(plan.first_step, self._stop_step(plan), plan.num_samples,
                              evals=EvalTally(off=job.train.eval.off))
         if summary.steps <= 0:
-            why = (f"no training sample is left ({plan.data_summary})" if not plan.num_samples
-                   else f"the plan has no steps left after step {plan.first_step}")
-            return self._idle(summary, why)
+            # (a data file without a usable sample was refused before Ray started)
+            return self._idle(summary, f"the plan has no steps left after step "
+                                       f"{plan.first_step}")
         metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
         try:
             # tau before training runs beside the first steps, not ahead of them.
@@ -383,13 +389,5 @@ class Driver:
         return result.tau if ok else None
 
     def _prompts(self) -> list[list[int]]:
-        if self._heldout is None:
-            from transformers import AutoTokenizer
-
-            from pipeline.eval.tau import heldout_prompts
-
-            tokenizer = AutoTokenizer.from_pretrained(self.r.target_path)
-            self._heldout = heldout_prompts(self.r.heldout_path, tokenizer,
-                                            self.job.train.eval.prompts, self.job.data.format,
-                                            self.job.data.enable_thinking)
-        return self._heldout
+        assert self.data.heldout is not None, "held-out prompts asked for with eval off"
+        return self.data.heldout

@@ -8,6 +8,9 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from pipeline.data import DataError, DataStats, read_conversations
+from pipeline.data.config import DEFAULT_MAX_LINE_BYTES
+from pipeline.data.template import prompt_ids
 from pipeline.eval.speculative import DrafterProposer, acceptance_length, speculative_generate
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
@@ -16,26 +19,40 @@ log = logging.getLogger(__name__)
 
 
 def heldout_prompts(path: str, tokenizer, limit: int, fmt: str = "auto",
-                    enable_thinking: bool = True) -> list[list[int]]:
+                    enable_thinking: bool = True, on_bad_line: str = "error",
+                    stats: Optional[DataStats] = None,
+                    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> list[list[int]]:
     """Each conversation up to (not including) its first assistant turn, as prompt token ids.
 
     ``enable_thinking`` must be ``data.enable_thinking``: the prompts the drafter trained on.
+    The file is read only until ``limit`` prompts are found; bad lines among those read stop
+    the read (``on_bad_line="error"``) or are skipped, counted in ``stats`` and reported once.
     """
-    from pipeline.data import DataError, read_conversations
-    from pipeline.data.template import prompt_ids
-
+    stats = stats if stats is not None else DataStats()
     prompts = []
-    for conv in read_conversations(path, fmt=fmt, on_bad_line="error"):
+    for conv in read_conversations(path, fmt, on_bad_line, stats, max_line_bytes,
+                                   warn_skipped=False):
         messages = conv.messages
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
         try:
-            prompts.append(prompt_ids(tokenizer, messages[:first],
-                                      enable_thinking=enable_thinking))
+            ids = prompt_ids(tokenizer, messages[:first], enable_thinking=enable_thinking)
         except Exception as e:  # a template error, which names no line
-            raise DataError(path, conv.line_index + 1, f"the chat template fails on the prompt "
-                            f"({type(e).__name__}: {e})", "template") from None
+            bad = DataError(path, conv.line_index + 1, f"the chat template fails on the prompt "
+                            f"({type(e).__name__}: {e})", "template")
+            if on_bad_line == "error":
+                raise bad from None
+            stats.record_bad(str(bad), bad.kind)
+            continue
+        prompts.append(ids)
+        stats.conversations += 1
         if len(prompts) >= limit:
             break
+    for line in stats.skipped_report(path):
+        log.warning("%s", line)
+    if stats.skipped_bad:
+        log.warning("%s: %d held-out prompt(s) from the first %d line(s): skipped_bad=%d "
+                    "blank=%d; bad: %s", path, len(prompts), stats.lines, stats.skipped_bad,
+                    stats.blank, stats.kinds_summary())
     return prompts
 
 

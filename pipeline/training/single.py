@@ -17,6 +17,7 @@ import torch
 from pipeline.config import JobConfig
 from pipeline.data import Batch, ChatDataset
 from pipeline.data.batching import BatchShapes, sample_lengths
+from pipeline.job_data import load_job_data
 from pipeline.model.checkpoint import save_drafter
 from pipeline.model.target import load_target, load_target_head
 from pipeline.objective.packing import Packing
@@ -52,13 +53,11 @@ def plan_for(job: JobConfig, dataset: ChatDataset) -> list[StepPlan]:
 
 class SingleProcessTrainer:
     def __init__(self, job: JobConfig, resolved: ResolvedJob | None = None) -> None:
-        from transformers import AutoTokenizer
-
         self.job = job
         self.r = r = resolved or resolve_job(job)
-        self.tokenizer = AutoTokenizer.from_pretrained(r.target_path)
-        self.dataset = ChatDataset(r.train_path, self.tokenizer, job.data, r.spec.block_size)
-        log.info("data: %s", self.dataset.stats.summary())
+        # Read, checked and encoded before any model loads; tau runs before and after training.
+        data = load_job_data(job, r, heldout=True)
+        self.dataset, self.prompts = data.train, data.heldout
         self.plans = plan_for(job, self.dataset)
         self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
                                   r.target_dtype, compile=job.target.compile)
@@ -70,17 +69,15 @@ class SingleProcessTrainer:
         self._full_target = None  # loaded on the first tau evaluation
 
     def evaluate_tau(self) -> float:
-        from pipeline.eval.tau import evaluate_tau, heldout_prompts, load_full_target
+        from pipeline.eval.tau import evaluate_tau, load_full_target
 
         cfg = self.job.train.eval
         if self._full_target is None:
             self._full_target = load_full_target(self.r.target_path, self.r.device,
                                                  self.r.target_dtype)
-        prompts = heldout_prompts(self.r.heldout_path, self.tokenizer, cfg.prompts,
-                                  self.job.data.format, self.job.data.enable_thinking)
-        tau = evaluate_tau(self._full_target, self.drafter.model, self.drafter.head, prompts,
+        tau = evaluate_tau(self._full_target, self.drafter.model, self.drafter.head, self.prompts,
                            cfg.max_new_tokens, self.r.eos_token_id)
-        log.info("tau %.3f on %d held-out prompts", tau, len(prompts))
+        log.info("tau %.3f on %d held-out prompts", tau, len(self.prompts))
         return tau
 
     def features(self, batch: Batch) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""The prefetcher: reads, tokenizes and batches samples, and hands out micro-batches in plan order.
+"""The prefetcher: batches samples and hands out micro-batches in plan order.
 
-It owns the step plan and a cursor into it, so every sample is handed out exactly once per
-epoch, whichever target or drafter ends up with it.
+It gets the training set already encoded (the driver reads, checks and encodes the file once,
+before Ray starts: pipeline/job_data.py), owns the step plan and a cursor into it, so every
+sample is handed out exactly once per epoch, whichever target or drafter ends up with it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class PlanSummary:
     num_micro_batches: int
     step_epochs: tuple[int, ...]   # epoch of each planned step
     step_samples: tuple[int, ...]  # samples in each planned step
-    data_summary: str
 
     @property
     def end_step(self) -> int:
@@ -38,15 +38,10 @@ class PlanSummary:
 
 
 class Prefetcher:
-    def __init__(self, *, train_path: str, tokenizer_path: str, data: DataConfig, block_size: int,
-                 epochs: int, micro_batches_per_step: int, max_steps: Optional[int],
-                 pad_token_id: int, shapes: BatchShapes,
-                 resume: Optional[ResumePoint] = None) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        self.dataset = ChatDataset(train_path, tokenizer, data, block_size)
-        log.info("data: %s", self.dataset.stats.summary())
+    def __init__(self, *, dataset: ChatDataset, data: DataConfig, epochs: int,
+                 micro_batches_per_step: int, max_steps: Optional[int], pad_token_id: int,
+                 shapes: BatchShapes, resume: Optional[ResumePoint] = None) -> None:
+        self.dataset = dataset
         self.data = data
         self.epochs = epochs
         self.micro_batches_per_step = micro_batches_per_step
@@ -79,8 +74,7 @@ class Prefetcher:
                            sample_ids=tuple(self.dataset.sample_ids), num_steps=len(self.plans),
                            num_micro_batches=len(self.order),
                            step_epochs=tuple(p.epoch for p in self.plans),
-                           step_samples=tuple(len(p.sample_ids) for p in self.plans),
-                           data_summary=self.dataset.stats.summary())
+                           step_samples=tuple(len(p.sample_ids) for p in self.plans))
 
     def next_micro_batch(self) -> tuple[Optional[MicroBatchMeta], Optional[MicroBatch]]:
         """The next micro-batch of the plan, as (meta, batch); (None, None) once exhausted.

@@ -1,5 +1,6 @@
 """Bad input, nothing lost: every kind of damaged line names its file:line and reason, and with
-``on_bad_line=skip`` is counted under its kind, so the counts add up to the lines read.
+``on_bad_line=skip`` is counted under its kind and reported once, so the counts (blank lines
+included) add up to the file's lines.
 
 Each case is one line in a file of good lines. The template case needs the encoder (the reader
 cannot know a template refuses a turn); the others are caught while reading.
@@ -8,11 +9,14 @@ cannot know a template refuses a turn); the others are caught while reading.
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 
 import pytest
 
 from pipeline.data import ChatDataset, DataConfig, DataError, DataStats, read_conversations
 from pipeline.data.errors import KINDS
+from pipeline.data.stats import MAX_BAD_EXAMPLES
 
 GOOD = {"messages": [{"role": "system", "content": "Be brief."},
                      {"role": "user", "content": "What does pass do?"},
@@ -120,9 +124,13 @@ def test_skip_counts_every_bad_line_by_kind_and_loses_none(tmp_path, tokenizer):
         want[kind] = want.get(kind, 0) + 1
     assert st.bad_by_kind == want
     assert st.skipped_bad == sum(st.bad_by_kind.values()) == len(CASES)
-    # Every non-blank line is accounted for: skipped, or read and rendered into samples that
-    # were kept or counted as too short.
+    # Every line is accounted for: blank, skipped, or read and rendered into samples that were
+    # kept or counted as too short; the summary spells the sum out.
     assert st.lines_read == len(lines) - 1 == st.conversations + st.skipped_bad
+    assert st.lines == len(lines) == st.conversations + st.skipped_bad + st.blank
+    assert st.blank == 1
+    assert st.summary().startswith(f"lines={len(lines)} = conversations={st.conversations} + "
+                                   f"skipped_bad={len(CASES)} + blank=1; samples kept=")
     assert st.kept + st.dropped_too_short == st.conversations + st.split_segments
     assert st.conversations == len(CASES) + 2  # the good lines and the empty answer
     good_ids = [2 * i for i in range(len(CASES) + 1)]  # their line indices, unchanged
@@ -162,3 +170,73 @@ def test_a_template_error_on_a_heldout_prompt_names_file_and_line(tmp_path, toke
     with pytest.raises(DataError, match=rf"^{path}:2: the chat template fails on the prompt "
                                         r"\(TemplateError: forbidden word\)"):
         heldout_prompts(path, tokenizer, limit=5)
+
+
+def test_blank_lines_are_counted_and_keep_ids(tmp_path, tokenizer):
+    good = json.dumps(GOOD).encode()
+    path = _write(tmp_path, [b"", good, b"  \t", b"", good, b""])
+    ds = _dataset(path, tokenizer, "error")
+    assert ds.sample_ids == [1, 4]  # line indices, blank lines counted
+    assert (ds.stats.lines, ds.stats.blank, ds.stats.conversations) == (6, 4, 2)
+    assert ds.stats.summary().startswith("lines=6 = conversations=2 + skipped_bad=0 + blank=4;")
+
+
+def test_skipped_lines_are_reported_once_then_counted(tmp_path, tokenizer, caplog):
+    """A few skipped lines verbatim, each once (not again in the summary or by the reader),
+    then how many more; the summary counts them all by kind."""
+    good = json.dumps(GOOD).encode()
+    bad_lines = [line for name, line, _, _ in CASES if name != "truncated"]
+    path = _write(tmp_path, [good, *bad_lines])
+    with caplog.at_level(logging.INFO):
+        ds = _dataset(path, tokenizer, "skip")
+    text = caplog.text
+    shown = [n for n in range(2, len(bad_lines) + 2) if f"{path}:{n}: " in text]
+    assert shown == list(range(2, MAX_BAD_EXAMPLES + 2))
+    assert all(text.count(f"{path}:{n}: ") == 1 for n in shown), text
+    more = len(bad_lines) - MAX_BAD_EXAMPLES
+    assert text.count(f"{more} more skipped line(s) not shown") == 1
+    assert text.count(ds.stats.summary()) == 1 and ds.stats.skipped_bad == len(bad_lines)
+
+
+def test_the_first_bad_line_stops_whatever_its_kind(tmp_path, tokenizer):
+    """A template error early in the file is found before a JSON error later in it."""
+    good = json.dumps(GOOD).encode()
+    refused = _turns(("user", "FORBIDDEN"), ("assistant", "x")).encode()
+    path = _write(tmp_path, [good, refused, good, b"{cut"])
+    with pytest.raises(DataError) as e:
+        _dataset(path, tokenizer, "error")
+    assert (e.value.line_no, e.value.kind) == (2, "template")
+
+
+def test_an_encoded_set_crosses_a_process_boundary_without_its_file(tmp_path, tokenizer):
+    """How the driver hands its encoded set to the prefetcher: pickled, the file not read again
+    (here it is gone), every sample the same."""
+    good = json.dumps(GOOD).encode()
+    path = _write(tmp_path, [good, b"", b"{cut", good])
+    ds = _dataset(path, tokenizer, "skip")
+    blob = pickle.dumps(ds)
+    (tmp_path / "data.jsonl").unlink()
+    copy = pickle.loads(blob)
+    assert copy.sample_ids == ds.sample_ids == [0, 3] and copy.stats == ds.stats
+    for a, b in zip(ds, copy):
+        assert a.sample_id == b.sample_id
+        assert a.input_ids.tolist() == b.input_ids.tolist()
+        assert a.loss_mask.tolist() == b.loss_mask.tolist()
+    # Tokens and mask as flat arrays, not a tensor per sample (pickling 50k tensors took 8 s).
+    assert len(blob) < 5 * sum(len(s.input_ids) for s in ds) + 2000
+
+
+def test_heldout_prompts_skip_and_count_bad_lines(tmp_path, tokenizer, caplog):
+    from pipeline.eval.tau import heldout_prompts
+
+    good = json.dumps(GOOD).encode()
+    refused = _turns(("user", "FORBIDDEN"), ("assistant", "x")).encode()
+    path = _write(tmp_path, [b"{cut", good, b"", refused, good, good])
+    stats = DataStats()
+    with caplog.at_level(logging.WARNING):
+        prompts = heldout_prompts(path, tokenizer, limit=2, on_bad_line="skip", stats=stats)
+    assert len(prompts) == 2
+    # Read as far as two prompts: lines 1-5, the sixth is never read.
+    assert (stats.lines, stats.blank, stats.bad_by_kind) == (5, 1, {"invalid_json": 1,
+                                                                     "template": 1})
+    assert caplog.text.count(f"{path}:1: ") == 1 and caplog.text.count(f"{path}:4: ") == 1

@@ -34,8 +34,9 @@ def test_sample_ids_are_line_indices_and_drops_are_counted(tiny_tokenizer, write
     st = ds.stats
     assert (st.lines_read, st.kept, st.dropped_too_short, st.skipped_bad, st.truncated) == (
         4, 2, 1, 1, 0)
-    assert st.summary() == ("lines=4 kept=2 dropped_too_short=1 skipped_bad=1 truncated=0 "
-                            "split_segments=0 bad: invalid_json=1")
+    assert st.summary() == ("lines=5 = conversations=3 + skipped_bad=1 + blank=1; samples "
+                            "kept=2 dropped_too_short=1 truncated=0 split_segments=0; "
+                            "bad: invalid_json=1")
     with pytest.raises(KeyError, match="no sample with id 1"):
         ds[1]
 

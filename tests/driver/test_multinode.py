@@ -19,6 +19,7 @@ from pipeline.driver.actors import ActorGroup
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport
+from pipeline.job_data import load_job_data
 from pipeline.resolve import resolve_job
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader, SlotRing
@@ -64,7 +65,9 @@ def _node_of(actor) -> str:
 def test_each_node_feeds_its_own_drafters(two_nodes, small_train_file, tmp_path):
     job = _job(two_nodes, tmp_path, small_train_file)
     reports: list[StepReport] = []
-    with ActorGroup(job, resolve_job(job)) as actors:
+    resolved = resolve_job(job)
+    dataset = load_job_data(job, resolved, heldout=False).train
+    with ActorGroup(job, resolved, dataset) as actors:
         target_nodes = [_node_of(t) for t in actors.targets]
         drafter_nodes = [_node_of(d) for d in actors.drafters]
         # Two real nodes, ranks node-contiguous (sorted by node id), bookkeeping = reality.

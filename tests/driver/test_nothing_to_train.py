@@ -7,15 +7,15 @@ train.plan.max_steps / stop_at_step; a plan that is empty for lack of samples sa
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.driver.compose import compose_job
 from pipeline.driver.finished import nothing_left
-from pipeline.driver.job import Driver
 from pipeline.training.config import PlanConfig
 from pipeline.training.plan import ResumePoint
 
@@ -65,15 +65,7 @@ def test_rerunning_a_finished_job_trains_nothing_and_exits_0(tiny_assets, tmp_pa
     assert "Traceback" not in text and "Started a local Ray" not in text, text[-3000:]
 
 
-def test_a_plan_without_samples_trains_nothing(ray_cluster, small_train_file, tmp_path,
-                                               caplog):
-    """Samples shorter than twice the block size are dropped: here every one of them."""
-    driver = Driver(compose_job([
-        "cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1", "train.eval.every=-1",
-        "data.max_length=15", f"data.train_path={small_train_file}",
-        f"train.out_dir={tmp_path / 'run'}"]))
-    with caplog.at_level(logging.WARNING, logger="pipeline.driver.job"):
-        summary = driver.run()
-    assert summary.steps == 0 and summary.losses == []
-    assert summary.nothing_to_train.startswith("no training sample is left")
-    assert caplog.text.count("nothing to train") == 1
+def test_a_max_length_that_drops_every_sample_is_refused_before_ray():
+    """b680662 dropped every sample after Ray started and crashed at summary.losses[0]."""
+    with pytest.raises(ValueError, match=r"data.max_length=15 .*drops every sample"):
+        compose_job(["data.max_length=15"])
