@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.diskfull import DiskFullError
 from pipeline.driver import checkpoint as ckpt
-from pipeline.model.checkpoint import save_drafter
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.training.state_io import load_state

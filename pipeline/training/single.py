@@ -18,7 +18,7 @@ from pipeline.config import JobConfig
 from pipeline.data import Batch, ChatDataset
 from pipeline.data.batching import BatchShapes, sample_lengths
 from pipeline.job_data import load_job_data
-from pipeline.model.checkpoint import save_drafter
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target, load_target_head
 from pipeline.objective.packing import Packing
 from pipeline.resolve import ResolvedJob, resolve_job

@@ -17,7 +17,7 @@ import torch
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
-from pipeline.model.checkpoint import save_drafter
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
 from pipeline.objective.packing import Packing

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from pipeline.model.checkpoint import save_drafter
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.drafter import embed_tokens
 from pipeline.objective.masks import build_mask
 

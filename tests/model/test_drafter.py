@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.model.checkpoint import load_drafter, save_drafter
+from pipeline.model.serving_format import load_drafter, save_drafter
 from pipeline.model.config import (DrafterConfig, build_drafter_spec, default_tap_ids,
                                    qwen3_8b_config)
 from pipeline.model.drafter import DFlashDrafter, count_parameters

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.model.checkpoint import save_drafter
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.config import DrafterConfig, build_drafter_spec, qwen3_8b_config
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.serving.layout import ExportError, check_config, expected_tensors, verify_export

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModel, DynamicCache
 
-from pipeline.model.checkpoint import save_drafter
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.drafter import embed_tokens
 from pipeline.serving.layout import MODELING_FILE
 
