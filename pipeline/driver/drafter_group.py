@@ -25,20 +25,22 @@ per-rank save record) is a new method returning a list, not a mode.
 Methods that return an ObjectRef say so in their name (``save_checkpoint_ref``,
 ``weights_ref``): the caller decides when to block. The others block. Every call goes through
 a :class:`RemoteCalls` seam, Ray's by default, so the policy can be checked without Ray.
+Under Ray a ref sent to every rank is joined by a small task (``ray_start.run_task``), which
+holds the owner's value once more (under FSDP, a second copy of the weights in the store); a
+rank's failure fails the join, and the driver's recovery finds a dead rank by probing.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import ray
 
 from pipeline.dist.rendezvous import MasterAddress
+from pipeline.ray_start import run_task
 from pipeline.training.async_save import SaveDone
-from pipeline.workers.weights import Weights
 
 # The rank that owns the work done once for the group (saves, exports, weights for evals).
 OWNER_RANK = 0
@@ -85,14 +87,7 @@ class RayCalls:
         return ray.get(refs)
 
     def join(self, refs: list[Any], collect: Callable[[list[Any]], Any]) -> Any:
-        # Refs passed as arguments are resolved before the task runs; a failed one fails it.
-        return _join_task().remote(collect, *refs)
-
-
-@functools.cache
-def _join_task() -> Any:
-    # Made remote on first use, not at import: importing this module starts nothing.
-    return ray.remote(num_cpus=0)(_collected)
+        return run_task(_collected, collect, *refs)
 
 
 def _collected(collect: Callable[[list[Any]], Any], *values: Any) -> Any:
@@ -148,7 +143,8 @@ class DrafterGroup:
         return self._blocking("wait_saves")
 
     def weights_ref(self) -> Any:
-        """ObjectRef of :class:`Weights`, the weights as of now in the drafters' queues."""
+        """ObjectRef of the weights (``workers.weights.Weights``) as of now in the drafters'
+        queues: behind a step, exactly the weights after it."""
         return self._ref("weights")
 
     def export(self, out_dir: str, dtype: str) -> str:
