@@ -8,11 +8,12 @@ placement-group bundle) is kept apart from construction: :func:`start_actor` tak
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -105,6 +106,17 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=placement.group, placement_group_bundle_index=placement.bundle)
     return ray.remote(cls).options(**options).remote(**kwargs)
+
+
+def run_task(fn: Callable[..., Any], *args: Any) -> Any:
+    """ObjectRef of ``fn(*args)``, run as a Ray task that takes no CPU: a small join of
+    results (refs among ``args`` are resolved first; a failed one fails the task)."""
+    return _as_task(fn).remote(*args)
+
+
+@functools.cache
+def _as_task(fn: Callable[..., Any]) -> Any:
+    return ray.remote(fn).options(num_cpus=0, runtime_env={"env_vars": actor_env()})
 
 
 def kill_actors(handles: list[Any]) -> None:

@@ -19,6 +19,7 @@ import ray
 from pipeline.config import JobConfig
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
+from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
@@ -80,9 +81,9 @@ class ActorGroup:
 
     def rendezvous(self) -> None:
         """Form the drafters' process group and open every ring in the drafters of its node."""
-        master = ray.get(self.drafters[0].master_address.remote())
-        timeout = self.job.cluster.collective_timeout_s
-        ray.get([d.init_group.remote(master.addr, master.port, timeout) for d in self.drafters])
+        group = self.drafter_group
+        master = group.master_address()
+        group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s)
         handles = ray.get([t.ring_handle.remote() for t in self.targets])
         ray.get([d.attach.remote([h for h, n in zip(handles, self.target_node)
                                   if n == self.drafter_node[i]])
@@ -177,9 +178,12 @@ class ActorGroup:
     # -- what the driver uses ---------------------------------------------------------------
     def load_checkpoint(self, folder: str) -> int:
         """Every drafter loads ``folder``; returns the steps done it holds."""
-        done = ray.get([d.load_checkpoint.remote(folder) for d in self.drafters])
-        assert len(set(done)) == 1, f"drafters loaded different steps: {done}"
-        return done[0]
+        return self.drafter_group.load_checkpoint(folder)
+
+    @property
+    def drafter_group(self) -> DrafterGroup:
+        """The drafters as one group: which rank runs which call is declared there."""
+        return DrafterGroup(self.drafters)
 
     def topology(self) -> Topology:
         return Topology(self.prefetcher, self.targets, self.drafters, self.target_node,

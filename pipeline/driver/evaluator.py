@@ -1,8 +1,8 @@
 """The driver's side of tau evaluation: one evaluator actor, fed weights behind steps.
 
-An evaluation due after step s is two calls: ``weights`` on drafter rank 0, queued behind step
-s (so it copies exactly the weights after s, and costs rank 0 a copy, not an evaluation), and
-``evaluate`` on the evaluator with that ref. Ray moves the weights through the object store
+An evaluation due after step s is two calls: ``weights`` on the drafters (their owner rank
+today: pipeline/driver/drafter_group.py), queued behind step s (so it copies exactly the weights
+after s, and costs a copy, not an evaluation), and ``evaluate`` on the evaluator with that ref. Ray moves the weights through the object store
 to the evaluator, which runs while the drafters train on; the step loop collects the result
 whenever it lands and it is logged at step s. Before and after training the driver simply
 waits for the result (nothing else is running then).
@@ -26,6 +26,7 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pipeline.config import JobConfig
+from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
@@ -107,32 +108,32 @@ class TauEvaluator:
         kill_actors([self.actor])
         self.actor = None
 
-    def result_ref(self, drafter: Any, step: int) -> Any:
-        """ObjectRef of an :class:`EvalResult` for ``drafter``'s weights as of now in its
-        queue (behind every call already sent to it)."""
+    def result_ref(self, drafters: DrafterGroup, step: int) -> Any:
+        """ObjectRef of an :class:`EvalResult` for the drafters' weights as of now in their
+        queues (behind every call already sent to them)."""
         assert self.actor is not None, "the tau evaluator is not started"
-        return _result_ref(self.actor, drafter, step)
+        return _result_ref(self.actor, drafters, step)
 
-    def evaluate(self, drafter: Any, step: int) -> Optional[EvalResult]:
+    def evaluate(self, drafters: DrafterGroup, step: int) -> Optional[EvalResult]:
         """Evaluate now and wait (before or after training); None when eval is off. An
         evaluator found dead here is replaced and asked once more: nothing else runs now."""
         if not self.enabled:
             return None
         actor = self.actor
-        result = self._wait(actor, drafter, step)
+        result = self._wait(actor, drafters, step)
         if self.actor is not None and self.actor is not actor:
-            result = self._wait(self.actor, drafter, step)
+            result = self._wait(self.actor, drafters, step)
         return result
 
-    def _wait(self, actor: Any, drafter: Any, step: int) -> EvalResult:
+    def _wait(self, actor: Any, drafters: DrafterGroup, step: int) -> EvalResult:
         if actor is None:
             return self._gone(step)
         try:
-            return ray.get(_result_ref(actor, drafter, step))
+            return ray.get(_result_ref(actor, drafters, step))
         except RayError as error:
             return self._lost(actor, step, error)
 
-    def behind_step(self, drafter: Any, step: int,
+    def behind_step(self, drafters: DrafterGroup, step: int,
                     on_done: Callable[[EvalResult], None]) -> AfterStepCall:
         """The evaluation of the weights after ``step`` steps, for the step loop to collect."""
         self.in_flight += 1
@@ -151,7 +152,7 @@ class TauEvaluator:
             done(self._lost(actor, step, error))
         if actor is None:  # no evaluator left: the figure is reported as failed at once
             return AfterStepCall(ray.put(self._gone(step)), done, lane=LANE)
-        return AfterStepCall(self.result_ref(drafter, step), done, on_error=failed, lane=LANE)
+        return AfterStepCall(self.result_ref(drafters, step), done, on_error=failed, lane=LANE)
 
     # -- a dead evaluator -------------------------------------------------------------------
     def _lost(self, actor: Any, step: int, error: RayError) -> EvalResult:
@@ -189,8 +190,8 @@ class TauEvaluator:
                              " times)")
 
 
-def _result_ref(actor: Any, drafter: Any, step: int) -> Any:
-    return actor.evaluate.remote(drafter.weights.remote(), step)
+def _result_ref(actor: Any, drafters: DrafterGroup, step: int) -> Any:
+    return actor.evaluate.remote(drafters.weights_ref(), step)
 
 
 def _died(error: RayError, actor: Any) -> bool:

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import ray
 from ray.exceptions import RayError
 
 from pipeline.config import JobConfig
@@ -167,8 +166,8 @@ class Driver:
             start_calls = [self._tau_before(actors, metrics, summary)] \
                 if self.resume is None and self.evaluator.enabled else []
             self._train_recovering(actors, metrics, summary, start_calls)
-            summary.export_dir = ray.get(actors.drafters[0].export.remote(
-                str(self.out_dir / "export"), job.train.export_dtype))
+            summary.export_dir = actors.drafter_group.export(
+                str(self.out_dir / "export"), job.train.export_dtype)
             summary.tau_after = self._evaluate(actors, metrics, summary)
             summary.wall_s = time.perf_counter() - t_start
             metrics.summary({"wall_s": summary.wall_s, "tau_before": summary.tau_before,
@@ -279,7 +278,7 @@ class Driver:
             if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
                 calls.append(self._evaluate_async(actors, metrics, summary, step + 1))
             if self._checkpoint_due(step + 1, stop):
-                calls.append(self.saves.save_async(actors.drafters[0], cursor, step))
+                calls.append(self.saves.save_async(actors.drafter_group, cursor, step))
             return calls
 
         self._loop = StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step,
@@ -287,10 +286,10 @@ class Driver:
         try:
             self._loop.run()
             # The last checkpoint counts once its background write is verified.
-            for done in ray.get(actors.drafters[0].wait_saves.remote()):
+            for done in actors.drafter_group.wait_saves():
                 self.saves.on_saved(done)
         except NonFiniteError as exc:
-            saved = self.saves.save_now(actors.drafters[0], cursor)
+            saved = self.saves.save_now(actors.drafter_group, cursor)
             raise NonFiniteError(f"{exc}. The last good state is saved in {saved}: its "
                                  "weights are those of the last finite update") from None
         finally:
@@ -332,7 +331,7 @@ class Driver:
                 log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
                          result.tau, result.seconds)
         assert self.evaluator is not None
-        return self.evaluator.behind_step(actors.drafters[0], step, done)
+        return self.evaluator.behind_step(actors.drafter_group, step, done)
 
     def _tau_before(self, actors: ActorGroup, metrics: MetricsLogger,
                     summary: RunSummary) -> AfterStepCall:
@@ -370,7 +369,7 @@ class Driver:
         """tau after training (waited for); None when eval is off or it failed."""
         assert self.evaluator is not None
         step = summary.end_step
-        result = self.evaluator.evaluate(actors.drafters[0], step)
+        result = self.evaluator.evaluate(actors.drafter_group, step)
         if result is None:
             return None
         tau = self._record_eval(result, metrics, summary, step, "after training")

@@ -1,22 +1,23 @@
 """The driver's side of checkpoints: queue a save behind a step, count it once it is written,
 verified and its step reported, and keep track of the newest one (where a restart resumes).
 
-Drafter rank 0 snapshots its state into host memory and writes it in the background
-(pipeline/training/async_save.py); this class turns each finished write into a checkpoint
-folder (pipeline/driver/checkpoint.py).
+The drafters' owner rank (pipeline/driver/drafter_group.py) snapshots its state into host
+memory and writes it in the background (pipeline/training/async_save.py); this class turns
+each finished write into a checkpoint folder (pipeline/driver/checkpoint.py).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import ray
 
 from pipeline.diskfull import DISK_FULL, disk_full_error
 from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.cursor import Cursor
+from pipeline.driver.drafter_group import OWNER_LANE, DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
 from pipeline.training.async_save import SaveDone
 from pipeline.training.plan import ResumePoint
@@ -43,19 +44,19 @@ class CheckpointSaves:
         """A (re)started step loop: nothing of an earlier actor set is still coming.
         ``counted`` (the run summary's list) gets every checkpoint from now on."""
         self.counted = counted
-        self._writing.clear()  # writes in flight died with drafter rank 0
+        self._writing.clear()  # writes in flight died with the drafters that wrote them
         self._unreported = []
         self._steps_reported = first_step
 
-    def save_async(self, drafter: Any, cursor: Cursor, step: int) -> AfterStepCall:
-        """Queue a checkpoint on drafter rank 0 right behind step ``step``: it snapshots its
-        state to host memory and writes it in the background (see :meth:`on_saved`)."""
+    def save_async(self, drafters: DrafterGroup, cursor: Cursor, step: int) -> AfterStepCall:
+        """Queue a checkpoint on the drafters right behind step ``step``: the state is
+        snapshot to host memory and written in the background (see :meth:`on_saved`)."""
         staging = ckpt.staging_dir(self.out_dir, step + 1)
         self._writing[str(staging / "drafter.pt")] = (staging, cursor.after(step))
-        ref = drafter.save_checkpoint.remote(str(staging))
-        # Its value (the seconds the snapshot held rank 0) comes back again with the write's
+        ref = drafters.save_checkpoint_ref(str(staging))
+        # Its value (the seconds the snapshot held training) comes back again with the write's
         # record and is logged by _finalize; here only its completion matters.
-        return AfterStepCall(ref, lambda held_s: None)
+        return AfterStepCall(ref, lambda held_s: None, lane=OWNER_LANE)
 
     def on_saved(self, done: SaveDone) -> None:
         """A background write finished: the checkpoint counts once its step is reported."""
@@ -75,12 +76,12 @@ class CheckpointSaves:
         for staging, point, done in ready:
             self._finalize(staging, point, done)
 
-    def save_now(self, drafter: Any, cursor: Cursor) -> Path:
+    def save_now(self, drafters: DrafterGroup, cursor: Cursor) -> Path:
         """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
         staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
-        ray.get(drafter.wait_saves.remote())  # a write still in flight is superseded
-        ray.get(drafter.save_checkpoint.remote(str(staging)))
-        (done,) = ray.get(drafter.wait_saves.remote())
+        drafters.wait_saves()  # a write still in flight is superseded
+        ray.get(drafters.save_checkpoint_ref(str(staging)))
+        (done,) = drafters.wait_saves()
         if done.error is not None:
             raise self._failed(done, staging)
         return self._finalize(staging, cursor.after(done.steps_done - 1), done)

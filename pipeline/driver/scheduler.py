@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import ray
 from ray.exceptions import RayError
 
+from pipeline.driver.drafter_group import OWNER_LANE
 from pipeline.transport.ledger import SlotLedger
 from pipeline.transport.messages import SlotReady
 from pipeline.workers.messages import MicroBatchMeta, MicroResult, StepResult
@@ -53,13 +54,13 @@ class SlotWait:
     taken_at: float
 
 
-# The lane of after-step calls that name none: the driver's checkpoint saves on drafter 0.
-DEFAULT_LANE = "drafter 0"
+# The lane of after-step calls that name none: the drafters' owner rank (checkpoint saves).
+DEFAULT_LANE = OWNER_LANE
 
 
 @dataclass(frozen=True)
 class AfterStepCall:
-    """A call the driver queued right behind a step (a checkpoint save on drafter 0, a tau
+    """A call the driver queued right behind a step (a checkpoint save on the drafters, a tau
     evaluation), and what to do with its result once it is done.
 
     Handlers of one ``lane`` run in the order the calls were queued: give calls that one actor

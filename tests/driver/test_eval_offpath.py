@@ -20,6 +20,7 @@ import ray
 import torch
 
 from pipeline.driver.compose import compose_job
+from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport, Topology
@@ -162,7 +163,7 @@ def test_step_loop_trains_on_while_an_evaluation_runs(ray_session, tmp_path):
         assert result.tau == result.step, "the evaluator got weights of another step"
 
     def after_step(step: int):
-        return [evaluator.behind_step(drafters[0], step + 1, on_eval)] if step + 1 == 2 else []
+        return [evaluator.behind_step(DrafterGroup(drafters), step + 1, on_eval)] if step + 1 == 2 else []
 
     try:
         StepLoop(topo, end_step=6, on_step=on_step, after_step=after_step).run()
