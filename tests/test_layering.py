@@ -1,17 +1,54 @@
-"""The driver package sits on top: nothing below it imports it.
+"""The package's layers, lowest first: a module imports only from its own layer or below.
 
-Workers, the reference trainer, regeneration and the libraries they use must run without the
-driver, so an import of ``pipeline.driver`` from any of them is a layering mistake. Only the
-entry points (``python -m pipeline.train``, ``pipeline.export``) stand above the driver.
+    base         validate, dtypes, diskfull, preflight, config keys, Ray start, dist/, serving/
+    libraries    model/, objective/, data/, transport/, assets/ (each with its own config.py)
+    components   training/, eval/: the drafter trainer, optimizer, plan, tau; each gets only its
+                 own config section, never the job's JobConfig
+    job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together
+    workers      workers/: the Ray actors' plain classes; they run without the driver
+    regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
+    driver       driver/: the training job over Ray
+    reference    training/single.py, the single-process reference trainer: the driver's peer,
+                 placed above it so that the driver cannot import it
+    entry points train.py, train_single.py, export.py, regenerate.py
+
+A new module must be placed here (the test fails until it is), and an import of a higher layer,
+lazy ones inside functions included, fails the test.
 """
+
+from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 import pipeline
 
 PACKAGE = Path(pipeline.__file__).resolve().parent
-ENTRY_POINTS = {"train.py", "export.py"}
+
+LAYERS: list[tuple[str, set[str]]] = [
+    ("base", {"__init__.py", "validate.py", "dtypes.py", "diskfull.py", "preflight.py",
+              "config_keys.py", "wandb_env.py", "ray_start.py", "dist", "serving"}),
+    ("libraries", {"model", "objective", "data", "transport", "assets"}),
+    ("components", {"training", "eval"}),
+    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py"}),
+    ("workers", {"workers"}),
+    ("regen", {"regen"}),
+    ("driver", {"driver"}),
+    ("reference", {"training/single.py"}),
+    ("entry points", {"train.py", "train_single.py", "export.py", "regenerate.py"}),
+]
+
+
+def layer_of(rel: str) -> int:
+    """The layer of a module by its path under pipeline/ (a file's own entry wins)."""
+    first = rel.split("/")[0]
+    for key in (rel, first):
+        for i, (_, members) in enumerate(LAYERS):
+            if key in members:
+                return i
+    raise KeyError(f"pipeline/{rel} is in no layer: place it in tests/test_layering.py LAYERS")
 
 
 def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -24,25 +61,77 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def _lower_modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py")
-                  if "driver" not in p.relative_to(PACKAGE).parts[:1]
-                  and p.relative_to(PACKAGE).as_posix() not in ENTRY_POINTS)
+def _module_file(name: str) -> str | None:
+    """``pipeline.a.b.c`` -> the file under pipeline/ it loads (``a/b.py`` when c is a name)."""
+    parts = name.split(".")
+    if parts[0] != "pipeline":
+        return None
+    for end in range(len(parts), 1, -1):
+        path = "/".join(parts[1:end])
+        if (PACKAGE / f"{path}.py").is_file():
+            return f"{path}.py"
+        if (PACKAGE / path / "__init__.py").is_file():
+            return f"{path}/__init__.py"
+    return "__init__.py"  # `import pipeline` itself
 
 
-def test_nothing_below_the_driver_imports_it():
-    modules = _lower_modules()
-    assert len(modules) > 50 and PACKAGE / "workers" / "drafter_worker.py" in modules
-    bad = [f"{path.relative_to(PACKAGE.parent)}:{line}: imports {name}"
-           for path in modules
-           for line, name in _imported_modules(ast.parse(path.read_text()))
-           if name == "pipeline.driver" or name.startswith("pipeline.driver.")]
-    assert not bad, "lower modules import the driver package:\n" + "\n".join(bad)
+def upward_imports(rel: str, source: str) -> list[str]:
+    """Each import in ``source`` (the module pipeline/``rel``) of a higher layer, as one line."""
+    own = layer_of(rel)
+    bad = []
+    for line, name in _imported_modules(ast.parse(source)):
+        target = _module_file(name)
+        if target is not None and layer_of(target) > own:
+            bad.append(f"pipeline/{rel}:{line} ({LAYERS[own][0]}) imports {name} "
+                       f"({LAYERS[layer_of(target)][0]})")
+    return bad
+
+
+def _modules() -> list[str]:
+    return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    modules = _modules()
+    assert len(modules) > 50 and "workers/drafter_worker.py" in modules
+    for rel in modules:
+        layer_of(rel)  # raises for a module no layer names
+    with pytest.raises(KeyError, match="pipeline/newpkg/x.py is in no layer"):
+        layer_of("newpkg/x.py")
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = [line for rel in _modules() for line in upward_imports(rel, (PACKAGE / rel).read_text())]
+    assert not bad, "imports run up the layers:\n" + "\n".join(bad)
+
+
+def test_no_two_packages_import_each_other():
+    """Within a layer imports may cross packages, but never both ways (an import cycle)."""
+    edges = set()
+    for rel in _modules():
+        for _, name in _imported_modules(ast.parse((PACKAGE / rel).read_text())):
+            target = _module_file(name)
+            src, dst = rel.split("/")[0], target and target.split("/")[0]
+            if dst and src != dst and "/" in rel and "/" in target:
+                edges.add((src, dst))
+    cycles = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    assert not cycles, "packages import each other: " + ", ".join(cycles)
 
 
 def test_the_check_sees_an_upward_import():
-    tree = ast.parse("from pipeline.driver.job import Driver\nfrom pipeline import driver\n"
-                     "def f():\n    import pipeline.driver.scheduler\n")
-    names = [name for _, name in _imported_modules(tree)]
-    assert names == ["pipeline.driver.job.Driver", "pipeline.driver",
-                     "pipeline.driver.scheduler"]
+    source = ("from pipeline.driver.job import Driver\nfrom pipeline import driver\n"
+              "from pipeline.data import Batch\n"
+              "def f():\n    import pipeline.training.single\n")
+    assert [name for _, name in _imported_modules(ast.parse(source))] == [
+        "pipeline.driver.job.Driver", "pipeline.driver", "pipeline.data.Batch",
+        "pipeline.training.single"]
+    bad = upward_imports("workers/prefetcher.py", source)
+    assert [b.split(" imports ")[1] for b in bad] == [
+        "pipeline.driver.job.Driver (driver)", "pipeline.driver (driver)",
+        "pipeline.training.single (reference)"]
+    # The reference trainer and the components it uses sit in different layers.
+    assert upward_imports("training/plan.py", source)[-1].endswith(
+        "imports pipeline.training.single (reference)")
+    assert upward_imports("driver/actors.py", source) == [
+        "pipeline/driver/actors.py:5 (driver) imports pipeline.training.single (reference)"]
+    assert not upward_imports("train.py", source)

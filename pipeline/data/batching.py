@@ -186,14 +186,6 @@ class Batch:
     def num_supervised(self) -> int:
         return int(self.loss_mask.sum())
 
-    def attention_mask(self) -> torch.Tensor:
-        return attention_mask(self.lengths, self.input_ids.shape[1])
-
-
-def attention_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """[N, S] int64: 1 on real tokens, 0 on right padding."""
-    return (torch.arange(seq_len)[None] < lengths[:, None]).long()
-
 
 def collate(samples: Sequence[Sample], pad_id: int, pad_to: Optional[int] = None,
             rows: Optional[int] = None) -> Batch:

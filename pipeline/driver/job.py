@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -14,7 +14,7 @@ from ray.exceptions import RayError
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
 from pipeline.driver import checkpoint as ckpt
-from pipeline.driver.accounting import EpochAccount, SampleAccounting
+from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.contract import KEY as CONTRACT_KEY
 from pipeline.driver.contract import Contract, check_resume
@@ -24,12 +24,13 @@ from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.finished import nothing_left
 from pipeline.driver.launcher import check_cluster
 from pipeline.driver.layout import with_live_layout
+from pipeline.driver.observers import step_observers
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
-from pipeline.driver.report import step_metrics
 from pipeline.driver.runlock import RunLock
 from pipeline.driver.saves import CheckpointSaves
-from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport
+from pipeline.driver.scheduler import AfterStepCall, StepLoop
+from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
 from pipeline.job_data import load_job_data
@@ -41,31 +42,6 @@ from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunSummary:
-    first_step: int
-    end_step: int
-    samples: int
-    wall_s: float = 0.0
-    losses: list[float] = field(default_factory=list)
-    accounts: list[EpochAccount] = field(default_factory=list)
-    tau_before: Optional[float] = None
-    tau_after: Optional[float] = None
-    export_dir: Optional[str] = None
-    checkpoints: list[str] = field(default_factory=list)
-    on_main_thread: bool = True
-    checksums_agree: bool = True
-    graph_warned: bool = False
-    restarts: list[Recovery] = field(default_factory=list)
-    skipped_steps: set[int] = field(default_factory=set)  # steps whose update was not finite
-    evals: Optional[EvalTally] = None  # every tau evaluation's outcome (set by the driver)
-    nothing_to_train: Optional[str] = None  # why the job trained nothing (it ended at once)
-
-    @property
-    def steps(self) -> int:
-        return self.end_step - self.first_step
 
 
 class Driver:
@@ -94,10 +70,10 @@ class Driver:
         self.data = None if self.finished else \
             load_job_data(job, self.r, heldout=job.train.eval.off is None)
         self.actors: Optional[ActorGroup] = None  # while running
-        # Called with the steps done after each step (monitoring; fault-injection tests).
+        # Called with the steps done after each step (monitoring; fault-injection tests), after
+        # the step's other observers (pipeline/driver/observers.py).
         self.step_listeners: list[Callable[[int], None]] = []
         self._loop: Optional[StepLoop] = None
-        self._nonfinite_in_row = 0
         self.evaluator: Optional[TauEvaluator] = None
         self.eval_worker: type = EvalWorker  # the evaluator actor's class (fault injection)
 
@@ -224,7 +200,6 @@ class Driver:
         epoch = point.epoch if point is not None else 0
         summary.accounts = [a for a in summary.accounts if a.epoch < epoch]
         summary.skipped_steps = {s for s in summary.skipped_steps if s <= step}
-        self._nonfinite_in_row = 0
         metrics.log({"recovery/restarts": len(summary.restarts), "trainer/step": step}, step)
 
     def _train(self, actors: ActorGroup, job_plan: PlanSummary, accounting: SampleAccounting,
@@ -235,42 +210,14 @@ class Driver:
         stop = summary.end_step
         progress = Progress(plan.first_step, stop, self.job.train.log_every)
         trace = TraceRecorder(self.job.logger.trace_start, self.job.logger.trace_steps)
-        recovery = summary.restarts[-1] if summary.restarts else None
         self.saves.start(plan.first_step, summary.checkpoints)
 
-        def on_step(report: StepReport) -> None:
-            if recovery is not None and not recovery.training_at:
-                recovery.training_at = time.time()
-                log.info("training again: step %d done %.1fs after %s was lost",
-                         report.step + 1, recovery.training_at - recovery.detected_at,
-                         recovery.actor)
-            for m in report.micro:
-                accounting.add(m.epoch, m.sample_ids, report.step)
-            for result in report.results:
-                for done in result.saves:
-                    self.saves.on_saved(done)
-            self._check_replicas(report, summary)
-            row = step_metrics(report, len(actors.targets))
-            row["trainer/step"] = report.step + 1
-            self._check_finite(report, summary, row)
-            summary.losses.append(row["train/loss"])
-            metrics.log(row, report.step + 1)
-            progress.update(report.step + 1, row)
-            trace.add(report)
-            if cursor.epoch_ends_at(report.step) or report.step + 1 == stop:
-                account = accounting.account(report.epoch,
-                                             job_plan.samples_planned(report.epoch))
-                summary.accounts.append(account)
-                log.info("%s", account.summary())
-            self.saves.reported(report.step + 1)
-            for listener in self.step_listeners:
-                listener(report.step + 1)
-            if self._nonfinite_in_row >= self.job.train.recovery.max_nonfinite_in_row:
-                raise NonFiniteError(
-                    f"{self._nonfinite_in_row} steps in a row (up to step {report.step + 1}) "
-                    f"had a non-finite loss or gradient (train.recovery.max_nonfinite_in_row="
-                    f"{self.job.train.recovery.max_nonfinite_in_row}); check the data and "
-                    f"train.optim.lr")
+        observers = step_observers(
+            summary=summary, recovery=summary.restarts[-1] if summary.restarts else None,
+            accounting=accounting, saves=self.saves, compile_mode=self.job.drafter.compile,
+            metrics=metrics, num_targets=len(actors.targets), progress=progress, trace=trace,
+            cursor=cursor, job_plan=job_plan, listeners=self.step_listeners,
+            max_nonfinite_in_row=self.job.train.recovery.max_nonfinite_in_row)
 
         def after_step(step: int) -> list[AfterStepCall]:
             calls = []
@@ -281,7 +228,7 @@ class Driver:
                 calls.append(self.saves.save_async(actors.drafter_group, cursor, step))
             return calls
 
-        self._loop = StepLoop(actors.topology(), stop, plan.first_step, on_step, after_step,
+        self._loop = StepLoop(actors.topology(), stop, plan.first_step, observers, after_step,
                               start_calls=start_calls)
         try:
             self._loop.run()
@@ -299,21 +246,6 @@ class Driver:
                 if written:
                     log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
                              self.job.logger.trace_start + self.job.logger.trace_steps, written)
-
-    def _check_finite(self, report: StepReport, summary: RunSummary, row: dict) -> None:
-        """Count a skipped (non-finite) update; every drafter must have decided alike."""
-        skipped = {r.skipped for r in report.results}
-        assert len(skipped) == 1, f"step {report.step + 1}: drafters disagreed on skipping"
-        if skipped.pop():
-            self._nonfinite_in_row += 1
-            summary.skipped_steps.add(report.step + 1)
-            log.warning("step %d: non-finite loss or gradient (grad norm %s): update skipped "
-                        "on every drafter (%d in a row, %d in this job)", report.step + 1,
-                        report.results[0].grad_norm, self._nonfinite_in_row,
-                        len(summary.skipped_steps))
-        else:
-            self._nonfinite_in_row = 0
-        row["train/skipped_steps"] = len(summary.skipped_steps)
 
     def _state_extra(self) -> dict:
         """What state.json holds beside the resume point."""
@@ -353,16 +285,6 @@ class Driver:
         if steps_done == end_step:
             return cfg.final
         return cfg.every > 0 and steps_done % cfg.every == 0
-
-    def _check_replicas(self, report: StepReport, summary: RunSummary) -> None:
-        summary.on_main_thread &= all(m.on_main_thread for m in report.micro)
-        summary.on_main_thread &= all(res.on_main_thread for res in report.results)
-        summary.checksums_agree &= len({round(r.param_checksum, 6) for r in report.results}) == 1
-        skips = max(res.cudagraph_skips for res in report.results)
-        if skips and self.job.drafter.compile == "reduce-overhead" and not summary.graph_warned:
-            summary.graph_warned = True
-            log.warning("drafter.compile=reduce-overhead, but inductor skipped %d CUDA "
-                        "graph(s): see TORCH_LOGS=perf_hints for why", skips)
 
     def _evaluate(self, actors: ActorGroup, metrics: MetricsLogger,
                   summary: RunSummary) -> Optional[float]:

@@ -142,11 +142,6 @@ class LayoutChoice:
         return line + f"; rates {_rates_text(r)}"
 
 
-def split_rate(targets: int, drafters: int, rates: Rates) -> float:
-    """Node samples/s of ``targets`` + ``drafters`` actors, each on a GPU of its own."""
-    return min(targets * rates.target_samples_per_s, drafters * rates.drafter_samples_per_s)
-
-
 def colocated_rate(gpus: int, rates: Rates) -> float:
     """Node samples/s of ``gpus`` GPUs, each shared by one target and one drafter."""
     return gpus / (1 / rates.target_samples_per_s + 1 / rates.drafter_samples_per_s)

@@ -54,22 +54,6 @@ class DrafterProposer:
         return self.block_logits(features[:, :a], int(tokens[-1]), a).argmax(-1)
 
 
-class OracleProposer:
-    """Proposes the target's own greedy continuation: tau must equal B."""
-
-    def __init__(self, target: nn.Module, block_size: int) -> None:
-        self.target = target
-        self.block_size = block_size
-
-    @torch.no_grad()
-    def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        seq = tokens[None]
-        for _ in range(self.block_size - 1):
-            nxt = self.target(seq, use_cache=False).logits[0, -1].argmax()
-            seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
-        return seq[0, tokens.numel():]
-
-
 @dataclass
 class DecodeResult:
     tokens: list[int]

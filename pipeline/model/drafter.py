@@ -164,10 +164,6 @@ def compute_dtype(weight: torch.Tensor, device_type: str) -> torch.dtype:
     return weight.dtype
 
 
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
-
 def embed_tokens(embed_weight: torch.Tensor, token_ids: torch.Tensor,
                  dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     out = F.embedding(token_ids, embed_weight)

@@ -1,4 +1,4 @@
-"""Save and load the drafter in the format SGLang, vLLM and z-lab's code load.
+"""Save the drafter in the format SGLang, vLLM and z-lab's code load.
 
 A folder with ``config.json`` (a Qwen3 config plus the DFlash fields), ``model.safetensors``
 (bf16 by default) holding ``layers.{i}.*``, ``fc.weight``, ``hidden_norm.weight`` and
@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Union
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from pipeline.diskfull import DISK_FULL, disk_full_error, rust_os_error, temp_name, writing
 from pipeline.dtypes import DTYPES
-from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.serving.layout import (AUTO_MAP, MODELING_FILE, check_config, check_tensors,
                                      verify_export)
@@ -76,16 +75,3 @@ def _write_export(staging: Path, out: Path, config: dict, state: dict[str, torch
     with writing(out / MODELING_FILE.name):
         shutil.copyfile(MODELING_FILE, staging / MODELING_FILE.name)
 
-
-def load_drafter(path: PathLike, device: Union[str, torch.device] = "cpu",
-                 dtype: torch.dtype = torch.float32) -> DFlashDrafter:
-    """Rebuild a drafter from an exported folder; every weight must be present."""
-    path = Path(path)
-    spec = DrafterSpec.from_hf_config(json.loads((path / "config.json").read_text()))
-    with torch.device("meta"):
-        model = DFlashDrafter(spec)
-    state = load_file(str(path / "model.safetensors"), device="cpu")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
-    # Non-persistent buffers (RoPE frequencies) were on meta: rebuild them on the real device.
-    model.rotary_emb = type(model.rotary_emb)(model.rotary_emb.config)
-    return model.to(device)

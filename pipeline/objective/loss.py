@@ -22,9 +22,6 @@ class LossParts:
     correct: torch.Tensor      # [B] greedy-correct counts per block position
     total: torch.Tensor        # [B] scored counts per block position
 
-    def detached(self) -> "LossParts":
-        return LossParts(self.numerator.detach(), self.denominator, self.correct, self.total)
-
 
 def chunked_loss(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor,
                  weights: torch.Tensor, supervised: torch.Tensor, block_size: int,

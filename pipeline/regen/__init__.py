@@ -3,6 +3,6 @@
 DFlash drafters learn to propose what the target would say, so their training answers must be
 the target's own. ``python -m pipeline.regenerate`` is the entry point; this package holds its
 pieces: the typed messages (:mod:`.messages`), batched greedy decoding (:mod:`.greedy`), the
-options (:mod:`.config`), the resumable output file (:mod:`.output`) and the Ray driver
-(:mod:`.runner`). The actor itself is :class:`pipeline.workers.generator.GeneratorWorker`.
+options (:mod:`.config`), the resumable output file (:mod:`.output`), the generator actor
+(:mod:`.generator`) and the Ray driver (:mod:`.runner`).
 """

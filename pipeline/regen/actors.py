@@ -18,8 +18,8 @@ from pipeline import ray_start
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.dtypes import resolve_dtype
 from pipeline.regen.config import RegenConfig
+from pipeline.regen.generator import GeneratorWorker
 from pipeline.regen.messages import GenRequest, GenResult
-from pipeline.workers.generator import GeneratorWorker
 
 log = logging.getLogger(__name__)
 

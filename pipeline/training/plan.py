@@ -78,11 +78,6 @@ def epoch_plan(sample_ids: Sequence[int], seed: int, epoch: int, micro_batch_siz
             for i in range(0, len(mbs), micro_batches_per_step)]
 
 
-def steps_per_epoch(num_samples: int, micro_batch_size: int, micro_batches_per_step: int) -> int:
-    num_mbs = -(-num_samples // micro_batch_size)
-    return -(-num_mbs // micro_batches_per_step)
-
-
 def job_plan(sample_ids: Sequence[int], seed: int, epochs: int, micro_batch_size: int,
              micro_batches_per_step: int, max_steps: int | None = None,
              start_epoch: int = 0, samples_done: int = 0,

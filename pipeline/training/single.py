@@ -10,45 +10,21 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
+from pipeline.assembly import batch_shapes, packing_of, plan_for
 from pipeline.config import JobConfig
-from pipeline.data import Batch, ChatDataset
-from pipeline.data.batching import BatchShapes, sample_lengths
+from pipeline.data import Batch
 from pipeline.job_data import load_job_data
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target, load_target_head
-from pipeline.objective.packing import Packing
 from pipeline.resolve import ResolvedJob, resolve_job
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.training.metrics import StepTotals, metrics_dict
-from pipeline.training.plan import StepPlan, job_plan
+from pipeline.training.plan import StepPlan
 
 log = logging.getLogger(__name__)
-
-
-def batch_shapes(job: JobConfig) -> BatchShapes:
-    """How the job cuts and pads micro-batches (the Ray pipeline's prefetcher gets the same)."""
-    return BatchShapes.from_config(job.data, job.drafter.static_shapes, job.drafter.num_anchors)
-
-
-def packing_of(job: JobConfig) -> Optional[Packing]:
-    """data.batching=pack: the drafter's packed sequence and anchor pool; else None."""
-    shapes = batch_shapes(job)
-    if not shapes.packed:
-        return None
-    return Packing(job.data.resolved_tokens_per_micro_batch(), shapes.pool)
-
-
-def plan_for(job: JobConfig, dataset: ChatDataset) -> list[StepPlan]:
-    """The job's step plan: num_drafters * grad_accum micro-batches per step."""
-    plan, shapes = job.train.plan, batch_shapes(job)
-    return job_plan(dataset.sample_ids, job.data.seed, plan.epochs, job.data.micro_batch_size,
-                    job.cluster.num_drafters * plan.grad_accum, plan.max_steps, shapes=shapes,
-                    lengths=sample_lengths(dataset) if shapes.bucketed else None,
-                    anchors=shapes.anchor_counts(dataset) if shapes.packed else None)
 
 
 class SingleProcessTrainer:

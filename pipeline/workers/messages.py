@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.data.batching import attention_mask
 from pipeline.training.async_save import SaveDone
 
 
@@ -31,10 +30,6 @@ class MicroBatch:
     meta: MicroBatchMeta
     input_ids: torch.Tensor  # [N, S] int64
     loss_mask: torch.Tensor  # [N, S] int64
-    lengths: torch.Tensor    # [N] int64
-
-    def attention_mask(self) -> torch.Tensor:
-        return attention_mask(self.lengths, self.input_ids.shape[1])
 
 
 @dataclass(frozen=True)

@@ -92,5 +92,5 @@ class Prefetcher:
         meta = MicroBatchMeta(step=self.first_step + step, epoch=plan.epoch, index=index,
                               num_in_step=len(plan.micro_batches), sample_ids=tuple(ids),
                               shape=tuple(batch.input_ids.shape))
-        return meta, MicroBatch(meta, batch.input_ids, batch.loss_mask, batch.lengths)
+        return meta, MicroBatch(meta, batch.input_ids, batch.loss_mask)
 

@@ -83,7 +83,7 @@ class Prefetcher:
         meta = MicroBatchMeta(step=step, epoch=0, index=index, num_in_step=2,
                               sample_ids=(2 * step + index,), shape=(1, 1))
         ones = torch.ones(1, 1, dtype=torch.long)
-        return meta, MicroBatch(meta, ones, ones, torch.ones(1))
+        return meta, MicroBatch(meta, ones, ones)
 
 
 class Target:

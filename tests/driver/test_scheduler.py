@@ -51,8 +51,7 @@ class FakePrefetcher:
         meta = MicroBatchMeta(step=step, epoch=0, index=index, num_in_step=len(self.steps[step]),
                               sample_ids=ids, shape=(len(ids), WIDTH))
         tokens = torch.tensor(ids).view(-1, 1).repeat(1, WIDTH)
-        return meta, MicroBatch(meta, tokens, torch.ones_like(tokens),
-                                torch.full((len(ids),), WIDTH))
+        return meta, MicroBatch(meta, tokens, torch.ones_like(tokens))
 
 
 class FakeTarget:

@@ -1,8 +1,23 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.eval.speculative import (DrafterProposer, OracleProposer, acceptance_length,
-                                       speculative_generate)
+from pipeline.eval.speculative import DrafterProposer, acceptance_length, speculative_generate
+
+
+class OracleProposer:
+    """Proposes the target's own greedy continuation: tau must equal B."""
+
+    def __init__(self, target, block_size: int) -> None:
+        self.target = target
+        self.block_size = block_size
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        seq = tokens[None]
+        for _ in range(self.block_size - 1):
+            nxt = self.target(seq, use_cache=False).logits[0, -1].argmax()
+            seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+        return seq[0, tokens.numel():]
 
 
 def _greedy(model, prompt, n):

@@ -1,13 +1,15 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
-from pipeline.model.serving_format import load_drafter, save_drafter
-from pipeline.model.config import (DrafterConfig, build_drafter_spec, default_tap_ids,
-                                   qwen3_8b_config)
-from pipeline.model.drafter import DFlashDrafter, count_parameters
+from pipeline.model.config import (DrafterConfig, DrafterSpec, build_drafter_spec,
+                                   default_tap_ids, qwen3_8b_config)
+from pipeline.model.drafter import DFlashDrafter
+from pipeline.model.serving_format import save_drafter
 
 LAYER_KEYS = sorted([
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -20,6 +22,24 @@ LAYER_KEYS = sorted([
 def expected_names(num_layers):
     names = [f"layers.{i}.{k}" for i in range(num_layers) for k in LAYER_KEYS]
     return sorted(names + ["fc.weight", "hidden_norm.weight", "norm.weight"])
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_drafter(path, dtype: torch.dtype = torch.float32) -> DFlashDrafter:
+    """Rebuild a drafter from an exported folder; every weight must be present (the
+    export format's round trip: servers load it with their own code)."""
+    path = Path(path)
+    spec = DrafterSpec.from_hf_config(json.loads((path / "config.json").read_text()))
+    with torch.device("meta"):
+        model = DFlashDrafter(spec)
+    state = load_file(str(path / "model.safetensors"), device="cpu")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    # Non-persistent buffers (RoPE frequencies) were on meta: rebuild them on the real device.
+    model.rotary_emb = type(model.rotary_emb)(model.rotary_emb.config)
+    return model
 
 
 def test_default_tap_ids():

@@ -5,7 +5,7 @@ import torch
 
 from pipeline.regen.greedy import cut_at_stop, ensure_pad_token
 from pipeline.regen.messages import GenRequest
-from pipeline.workers.generator import GeneratorWorker
+from pipeline.regen.generator import GeneratorWorker
 
 
 @pytest.fixture(scope="module")

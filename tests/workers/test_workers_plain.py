@@ -36,7 +36,7 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
         mask[:, 6:] = 1
         meta = MicroBatchMeta(step=0, epoch=0, index=0, num_in_step=1, sample_ids=(5, 9),
                               shape=(2, 20))
-        batch = MicroBatch(meta, ids, mask, torch.tensor([20, 20]))
+        batch = MicroBatch(meta, ids, mask)
         ready = target.produce(1, batch)
         assert ready.slot == 1 and ready.shape == (2, 20, spec.feature_size)
         assert ready.meta.on_main_thread
