@@ -18,6 +18,7 @@ done
 attention=sdpa
 grep -q '"graphs_recorded": [1-9]' "$out/thread_repro_flex.jsonl" && attention=flex
 echo "training with drafter.attention=$attention" | tee "$out/choice.txt"
+rm -rf /tmp/run-gpu  # a fresh run: pipeline.train resumes a folder that holds checkpoints
 timeout 240 python3 -m pipeline.train target.path=/tmp/qwen3-mid cluster.device=cuda \
   cluster.drafters_per_node=1 cluster.cpus_per_actor=2 drafter.compile=reduce-overhead \
   drafter.static_shapes=true drafter.attention="$attention" drafter.block_size=16 \

@@ -13,6 +13,9 @@ import sys
 import hydra
 
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.driver.checkpoint import step_folders
+from pipeline.driver.runlock import RunLock
+from pipeline.preflight import PreflightError
 from pipeline.training.single import SingleProcessTrainer
 
 register_configs()
@@ -22,10 +25,28 @@ log = logging.getLogger(__name__)
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
     try:
-        trainer = SingleProcessTrainer(to_job_config(cfg))
-    except ValueError as e:  # PreflightError included: a config, file or data mistake
+        job = to_job_config(cfg)
+        with RunLock(job.train.out_dir):  # its metrics.jsonl and export/ are this job's
+            _refuse_checkpoints(job.train.out_dir)
+            trainer = SingleProcessTrainer(job)
+            _train(trainer)
+    except ValueError as e:  # PreflightError included: a config, file, data or folder mistake
         log.error("%s", e)  # one line, no traceback
         raise SystemExit(2) from None
+
+
+def _refuse_checkpoints(out_dir: str) -> None:
+    """The reference trainer neither writes nor resumes checkpoints: a folder holding those of
+    a pipeline.train run is that run's, whose metrics and export it would overwrite."""
+    found = step_folders(out_dir)
+    if found:
+        raise PreflightError(
+            f"train.out_dir={out_dir!r} holds {len(found)} checkpoint(s) of a pipeline.train "
+            f"run (newest {found[-1].name}); pipeline.train_single does not resume them and "
+            f"would overwrite that run's metrics.jsonl and export/: pick another train.out_dir")
+
+
+def _train(trainer: SingleProcessTrainer) -> None:
     tau_before = trainer.evaluate_tau()
     history = trainer.train()
     tau_after = trainer.evaluate_tau()

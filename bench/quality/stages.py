@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,6 +175,9 @@ def drafters(scale: Scale, paths: Paths, clock: StageClock) -> dict[str, Trainer
     modules = {"pipeline": "pipeline.train", "reference": "pipeline.train_single"}
     jobs = {}
     for name, module in modules.items():
+        # A rerun must train afresh: pipeline.train would otherwise resume the finished run
+        # (train.checkpoint.resume=auto), train nothing, and leave the old metrics to be read.
+        shutil.rmtree(paths.run_dir(name), ignore_errors=True)
         args = ["-m", module, *trainer_overrides(
             scale, str(paths.target), str(paths.train_data), str(paths.heldout_data),
             str(paths.run_dir(name)))]
