@@ -93,15 +93,16 @@ def test_the_train_cli_names_the_new_key_for_a_moved_one():
     ("drafter.target_layer_ids=[1,40]", r"target_layer_ids=\[1, 40\].*allowed 0..6"),
     ("drafter.mask_token_id=99999", r"drafter.mask_token_id=99999.*allowed 0..2047"),
 ])
-def test_impossible_combinations_stop_before_ray(tiny_assets, override, match):
+def test_impossible_combinations_stop_before_ray(tiny_assets, tmp_path, override, match):
     with pytest.raises(ValueError, match=match):
-        Driver(compose_job([override]))  # resolved in the constructor: no Ray, no actor
+        Driver(compose_job([override, f"train.out_dir={tmp_path}"]))  # resolved in the constructor: no Ray, no actor
 
 
-def test_more_nodes_than_the_cluster_has(ray_cluster, tiny_assets):
-    # check_cluster runs before the first actor is started (Driver.run).
+def test_more_nodes_than_the_cluster_has(ray_cluster, tiny_assets, tmp_path):
+    # check_cluster runs before the first actor is started (Driver.run). A fresh out_dir: the
+    # default one may hold a finished demo run, whose rerun ends before any check.
     with pytest.raises(ValueError, match=r"cluster.num_nodes=3 .* 1 live node"):
-        Driver(compose_job(["cluster.num_nodes=3"])).run()
+        Driver(compose_job(["cluster.num_nodes=3", f"train.out_dir={tmp_path}"])).run()
 
 
 def test_cfg_job_prints_the_resolved_config():
@@ -164,10 +165,10 @@ def test_keys_of_different_sections_are_checked_together(overrides, match):
         compose_job(overrides)
 
 
-def test_the_train_cli_refuses_a_plus_typo_in_one_line_before_ray():
+def test_the_train_cli_refuses_a_plus_typo_in_one_line_before_ray(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.train",
-                           "+train.optim.weight_decy=0.1"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                           "+train.optim.weight_decy=0.1", f"train.out_dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr  # Hydra's log goes to stdout
     assert proc.returncode == 2, out[-2000:]
     errors = [line for line in out.splitlines() if "weight_decy" in line]

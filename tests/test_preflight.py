@@ -71,14 +71,14 @@ def test_data_file_problems_are_named(tmp_path, make, match):
     ("data.heldout_path=/no/held.jsonl", "data.heldout_path='/no/held.jsonl': no such file"),
     ("target.path=/no/model", "target.path='/no/model': no such folder"),
 ])
-def test_driver_stops_on_a_missing_file(tiny_assets, override, match):
+def test_driver_stops_on_a_missing_file(tiny_assets, tmp_path, override, match):
     with pytest.raises(PreflightError, match=match):
-        Driver(compose_job([override]))  # the constructor starts neither Ray nor an actor
+        Driver(compose_job([override, f"train.out_dir={tmp_path}"]))  # the constructor starts neither Ray nor an actor
 
 
-def test_driver_refuses_a_last_layer_tap(tiny_assets):
+def test_driver_refuses_a_last_layer_tap(tiny_assets, tmp_path):
     with pytest.raises(ValueError, match=r"last layer \(7\).*sglang issue 32204"):
-        Driver(compose_job(["drafter.target_layer_ids=[1,7]"]))
+        Driver(compose_job(["drafter.target_layer_ids=[1,7]", f"train.out_dir={tmp_path}"]))
 
 
 @pytest.mark.parametrize("overrides,line", [
