@@ -100,16 +100,22 @@ class FlakyEvalWorker(EvalWorker):
         return super().evaluate(weights, step)
 
 
+def _driver(worker: type, train_file: Path, out: Path, steps: int, every: int) -> Driver:
+    """A one-drafter job evaluating tau every ``every`` steps on ``worker``."""
+    driver = Driver(compose_job([
+        "cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
+        "train.export_dtype=float32", "data.micro_batch_size=2",
+        f"train.plan.max_steps={steps}", "train.log_every=100", f"train.eval.every={every}",
+        "train.eval.prompts=2", "train.eval.max_new_tokens=8",
+        f"data.train_path={train_file}", f"train.out_dir={out}"]))
+    driver.eval_worker = worker
+    return driver
+
+
 def test_partial_failures_are_counted_not_fatal(ray_session, small_train_file, tmp_path,
                                                 caplog):
     out = tmp_path / "run"
-    driver = Driver(compose_job([
-        "cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
-        "train.export_dtype=float32", "data.micro_batch_size=2", "train.plan.max_steps=6",
-        "train.log_every=100", "train.eval.every=2", "train.eval.prompts=2",
-        "train.eval.max_new_tokens=8", f"data.train_path={small_train_file}",
-        f"train.out_dir={out}"]))
-    driver.eval_worker = FlakyEvalWorker
+    driver = _driver(FlakyEvalWorker, small_train_file, out, steps=6, every=2)
     with caplog.at_level(logging.INFO):
         summary = driver.run()
 
@@ -142,12 +148,7 @@ def test_every_evaluation_failing_exits_1_after_training_and_export(ray_session,
     from pipeline.train import _report
 
     out = tmp_path / "run"
-    driver = Driver(compose_job([
-        "cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
-        "data.micro_batch_size=2", "train.plan.max_steps=2", "train.log_every=100",
-        "train.eval.every=1", "train.eval.prompts=2", "train.eval.max_new_tokens=8",
-        f"data.train_path={small_train_file}", f"train.out_dir={out}"]))
-    driver.eval_worker = BrokenEvalWorker
+    driver = _driver(BrokenEvalWorker, small_train_file, out, steps=2, every=1)
     with caplog.at_level(logging.INFO):
         summary = driver.run()
         code = _report(summary)
