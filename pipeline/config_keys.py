@@ -70,9 +70,14 @@ MOVED_KEYS = {
 }
 
 
+def override_key(override: str) -> str:
+    """The dotted key of a Hydra override (``+key=v``, ``++key=v``, ``~key`` included)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
 def reject_moved_keys(overrides: Sequence[str]) -> None:
     """ValueError naming the new key for the first override that uses a moved one."""
     for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
+        key = override_key(override)
         if key in MOVED_KEYS:
             raise ValueError(f"{key} has moved: use {MOVED_KEYS[key]} (in {override!r})")

@@ -24,9 +24,18 @@ class EvalTally:
     off: Optional[str]
     done: int = 0
     failed: int = 0
-    first_error: Optional[str] = None
-    first_failed: Optional[str] = None  # when: "before training", "at step 4", ...
-    _seen: dict[str, str] = field(default_factory=dict)  # error -> when it first occurred
+    # error -> when it first occurred ("before training", "at step 4", ...), in order
+    _seen: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def first_error(self) -> Optional[str]:
+        return next(iter(self._seen), None)
+
+    @property
+    def first_failed(self) -> Optional[str]:
+        """When the first failure happened, or None."""
+        first = self.first_error
+        return None if first is None else self._seen[first]
 
     @property
     def total(self) -> int:
@@ -45,8 +54,6 @@ class EvalTally:
             self.done += 1
             return True
         self.failed += 1
-        if self.first_error is None:
-            self.first_error, self.first_failed = result.error, when
         if result.error in self._seen:
             log.info("tau %s failed with the error of the evaluation %s (%d of %d "
                      "evaluations failed so far)", when, self._seen[result.error], self.failed,

@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+from pipeline.config_keys import override_key
 from pipeline.driver import checkpoint as ckpt
 
 RESUME_KEY = "train.checkpoint.resume"
@@ -19,7 +20,7 @@ def resume_args(args: list[str], configured: Optional[str]) -> list[str]:
     when the config (``configured``) would not resume by itself."""
     out, explicit = [], False
     for arg in args:
-        if arg.split("=", 1)[0].lstrip("+~") == RESUME_KEY:
+        if override_key(arg) == RESUME_KEY:
             out.append(f"{RESUME_KEY}=auto")
             explicit = True
         else:
