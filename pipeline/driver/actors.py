@@ -20,7 +20,7 @@ from pipeline.assembly import batch_shapes, packing_of
 from pipeline.config import JobConfig
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
-from pipeline.driver.drafter_group import DrafterGroup
+from pipeline.driver.drafter_group import DrafterGroup, policy_for
 from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
@@ -183,7 +183,7 @@ class ActorGroup:
     @property
     def drafter_group(self) -> DrafterGroup:
         """The drafters as one group: which rank runs which call is declared there."""
-        return DrafterGroup(self.drafters)
+        return DrafterGroup(self.drafters, policy_for(self.job.drafter.parallel))
 
     def topology(self) -> Topology:
         return Topology(self.prefetcher, self.targets, self.drafters, self.target_node,

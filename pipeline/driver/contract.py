@@ -52,7 +52,7 @@ FIXED = frozenset({
 # Settings a resume may change: how long, how fast, how visibly training goes on.
 CHANGEABLE = frozenset({
     # Precision and kernels: the same sums, computed another way.
-    "target.dtype", "target.compile", "drafter.attention", "drafter.compile",
+    "target.dtype", "target.compile", "drafter.attention", "drafter.compile", "drafter.parallel",
     "drafter.loss_chunk_size", "drafter.static_shapes", "train.precision",
     # Held-out prompts are eval only; on_bad_line cannot change the samples of unchanged
     # data (with "error" a bad line had stopped the first run).

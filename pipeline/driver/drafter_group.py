@@ -60,11 +60,23 @@ POLICY: dict[str, Dispatch] = {
     "master_address": Dispatch.RANK_ZERO,
     "init_group": Dispatch.EVERY_RANK_AGREED,
     "load_checkpoint": Dispatch.EVERY_RANK_AGREED,
-    "save_checkpoint": Dispatch.OWNER,  # FSDP: EVERY_RANK (each rank writes its shards)
-    "wait_saves": Dispatch.OWNER,       # FSDP: EVERY_RANK, or a per-rank method
-    "weights": Dispatch.OWNER,          # FSDP: EVERY_RANK (a full state dict gathered)
-    "export": Dispatch.OWNER,           # FSDP: EVERY_RANK (as weights)
+    "save_checkpoint": Dispatch.OWNER,
+    "wait_saves": Dispatch.OWNER,
+    "weights": Dispatch.OWNER,
+    "export": Dispatch.OWNER,
 }
+
+# drafter.parallel=fsdp: gathering the full state is a collective, so saves, weights and
+# exports go to every rank; the owner writes (and its value comes back). Its writes are its
+# own, so wait_saves stays with the owner.
+FSDP_POLICY: dict[str, Dispatch] = {
+    **POLICY, "save_checkpoint": Dispatch.EVERY_RANK, "weights": Dispatch.EVERY_RANK,
+    "export": Dispatch.EVERY_RANK}
+
+
+def policy_for(parallel: str) -> dict[str, Dispatch]:
+    """The dispatch policy of a ``drafter.parallel`` mode."""
+    return {"replicate": POLICY, "fsdp": FSDP_POLICY}[parallel]
 
 
 class RemoteCalls(Protocol):

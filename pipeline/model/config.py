@@ -19,6 +19,9 @@ _DROP_FROM_TARGET = ("auto_map", "_name_or_path", "transformers_version", "dtype
 
 ATTENTION = ("sdpa", "flex")
 COMPILE_MODES = ("off", "default", "reduce-overhead")
+# replicate: full replicas, gradients all-reduced; fsdp: weights and AdamW state sharded with
+# FSDP2 (pipeline/dist/fsdp.py).
+PARALLEL_MODES = ("replicate", "fsdp")
 
 
 @dataclass
@@ -41,6 +44,7 @@ class DrafterConfig:
     # Pad every micro-batch to data.max_length and num_anchors blocks: static shapes, which
     # CUDA graphs need, at the cost of computing padding.
     static_shapes: bool = False
+    parallel: str = "replicate"  # one of PARALLEL_MODES
 
     def __post_init__(self) -> None:
         require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
@@ -51,6 +55,12 @@ class DrafterConfig:
         require(self.gamma is None or self.gamma > 0, "drafter.gamma", self.gamma, "> 0 or null")
         require_choice("drafter.attention", self.attention, ATTENTION)
         require_choice("drafter.compile", self.compile, COMPILE_MODES)
+        require_choice("drafter.parallel", self.parallel, PARALLEL_MODES)
+        # FSDP2 swaps parameter storage between shards and gathered copies, which compiled
+        # graphs (and CUDA graphs above all) would capture; not supported yet.
+        require(self.parallel == "replicate" or self.compile == "off", "drafter.compile",
+                self.compile, "off with drafter.parallel=fsdp (compiled FSDP2 drafters are "
+                "not supported yet)")
         if self.target_layer_ids is not None:
             require(len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0,
                      "drafter.target_layer_ids", self.target_layer_ids, "non-empty, ids >= 0")

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from pipeline.data.config import MAX_BUCKETS
+from pipeline.dist import fsdp
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
@@ -64,14 +65,29 @@ class DrafterTrainer:
         for p in self.model.parameters():
             p.grad = torch.zeros_like(p)
         self.objective = Objective.from_config(spec, options)
+        self.total_steps = total_steps
         self.optimizer = build_optimizer(self.model, optim)
         self.scheduler = build_scheduler(self.optimizer, total_steps, optim)
+        self.sharded: Optional[fsdp.ShardedReducer] = None  # drafter.parallel=fsdp
         self.forward = self._compiled(options.compile)
         self.totals = StepTotals()
         self.local_denominator = 0.0  # this replica's share of the current step
         self.local_nonfinite = False  # a micro-batch of this step had a NaN/inf loss
         self.skipped_steps = 0
         self.steps_done = 0
+
+    def shard(self, device: torch.device) -> None:
+        """drafter.parallel=fsdp, once the process group is up and before any step: shard
+        the weights (pipeline/dist/fsdp.py); AdamW and its schedule are built again on the
+        shards. A collective: every rank."""
+        assert self.steps_done == 0 and self.sharded is None, "shard before the first step"
+        for p in self.model.parameters():
+            p.grad = None  # FSDP's gathered parameters get theirs from the first backward
+        fsdp.shard(self.model, device)
+        self.sharded = fsdp.ShardedReducer(self.model, device)
+        self.optimizer = build_optimizer(self.model, self.optim)
+        self.scheduler = build_scheduler(self.optimizer, self.total_steps, self.optim)
+        fsdp.gather(self.model)  # the micro-batches run on the gathered weights
 
     def _compiled(self, mode: str) -> Callable[..., torch.Tensor]:
         if mode == "off":
@@ -125,10 +141,14 @@ class DrafterTrainer:
         denominator, and with it the decision to skip, is the same on every replica.
         """
         denominator = math.nan if self.local_nonfinite else self.local_denominator
-        if reduce is not None:  # a replica without micro-batches adds its zero gradients
+        if self.sharded is not None:  # every rank's sum, each shard's slice of it
+            denominator = self.sharded(denominator)
+        elif reduce is not None:  # a replica without micro-batches adds its zero gradients
             denominator = reduce([p.grad for p in self.model.parameters()], denominator)
         norm, skipped = apply_update(self.model, self.optimizer, self.scheduler, denominator,
                                      self.optim.grad_clip)
+        if self.sharded is not None:
+            fsdp.gather(self.model)  # the next step's micro-batches run without collectives
         self.local_denominator = 0.0
         self.local_nonfinite = False
         self.steps_done += 1
@@ -140,13 +160,20 @@ class DrafterTrainer:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        if self.sharded is not None:  # gathered whole, in the replicated format: a collective
+            weights, optim = fsdp.full_state(self.model, self.optimizer)
+        else:
+            weights, optim = self.model.state_dict(), self.optimizer.state_dict()
+        return {"model": weights, "optimizer": optim,
                 "scheduler": self.scheduler.state_dict(), "steps_done": self.steps_done,
                 "rng": rng}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded is not None:  # every rank read the whole state: each keeps its shard
+            fsdp.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         reapply_config(self.optimizer, self.scheduler, self.optim)
         self.steps_done = state["steps_done"]

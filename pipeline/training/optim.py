@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from pipeline.training.config import OptimConfig
 
@@ -60,6 +61,8 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
             p.grad.div_(denominator)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+    if isinstance(norm, DTensor):  # sharded gradients (drafter.parallel=fsdp): the global norm
+        norm = norm.full_tensor()
     skipped = not (math.isfinite(denominator) and bool(torch.isfinite(norm)))
     if not skipped:
         optimizer.step()

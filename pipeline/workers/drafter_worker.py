@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from pipeline.dist.fsdp import full_weights
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
@@ -22,7 +23,7 @@ from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.target import load_target_head
 from pipeline.objective.packing import Packing
 from pipeline.training.config import OptimConfig
-from pipeline.training.drafter_trainer import DrafterTrainer
+from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
 from pipeline.training.async_save import AsyncSaver, HostPool, SaveDone
 from pipeline.training.state_io import load_state, out_of_memory
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
@@ -66,6 +67,9 @@ class DrafterWorker:
         """``timeout_s`` bounds every collective (cluster.collective_timeout_s)."""
         init_group(self.rank, self.world_size, addr, port, backend_for(self.device),
                    timeout_s=timeout_s)
+        if self.trainer.options.parallel == "fsdp":
+            self.trainer.shard(self.device)  # it reduces over the group itself
+            return
         numel = sum(p.numel() for p in self.trainer.model.parameters())
         self.reducer = FlatReducer(numel, self.device)
 
@@ -100,19 +104,21 @@ class DrafterWorker:
     # -- per optimizer step ---------------------------------------------------------------
     def step(self, step: int) -> StepResult:
         """The step boundary: all-reduce gradients and denominators, clip, update."""
-        assert self.reducer is not None, "init_group must run before step"
+        assert self.reducer is not None or self.trainer.sharded is not None, \
+            "init_group must run before step"
         start, t0 = time.time(), time.perf_counter()
         timed = _TimedReducer(self.reducer, self._sync)
         lr = self.trainer.lr
         outcome = self.trainer.step(timed)
         self.trainer.take_totals()
+        reduced = timed if self.trainer.sharded is None else self.trainer.sharded
         with torch.no_grad():
             checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
         return StepResult(
             drafter=self.rank, step=step, denominator=outcome.denominator,
             grad_norm=outcome.grad_norm, skipped=outcome.skipped, lr=lr,
-            start_s=start, busy_s=time.perf_counter() - t0, reduce_start_s=timed.start,
-            reduce_s=timed.seconds, max_memory_bytes=peak_memory_bytes(self.device),
+            start_s=start, busy_s=time.perf_counter() - t0, reduce_start_s=reduced.start,
+            reduce_s=reduced.seconds, max_memory_bytes=peak_memory_bytes(self.device),
             param_checksum=checksum, on_main_thread=on_main_thread(),
             cudagraph_skips=cudagraph_skips(),
             saves=self.saver.done() if self.saver is not None else ())
@@ -123,7 +129,11 @@ class DrafterWorker:
         background; returns the seconds this held the step loop. The finished write (its
         record, or its error) comes back in a later :class:`StepResult` or from
         :meth:`wait_saves`; only then does the checkpoint count."""
-        assert self.saver is not None, "only drafter rank 0 writes checkpoints"
+        if self.saver is None:  # fsdp: a rank that only helps gather the state
+            assert self.trainer.sharded is not None, "only drafter rank 0 writes checkpoints"
+            t0 = time.perf_counter()
+            self.trainer.state_dict()
+            return time.perf_counter() - t0
         return self.saver.start(self.trainer.state_dict, Path(folder) / "drafter.pt",
                                 self.trainer.steps_done)
 
@@ -150,11 +160,23 @@ class DrafterWorker:
                 for _ in range(3)]
 
     def export(self, out_dir: str, dtype: str) -> str:
-        return str(save_drafter(self.trainer.model, Path(out_dir), dtype))
+        """Under fsdp every rank gathers the weights (a collective); the owner writes."""
+        if self.trainer.sharded is None:
+            return str(save_drafter(self.trainer.model, Path(out_dir), dtype))
+        weights = full_weights(self.trainer.model)
+        if self.rank != 0:
+            return ""  # the owner's folder is the group's answer
+        with torch.random.fork_rng(devices=[]):  # build_drafter seeds: keep training's RNG
+            model = build_drafter(self.trainer.spec, self.trainer.seed, "cpu")
+        model.load_state_dict(weights)
+        return str(save_drafter(model, Path(out_dir), dtype))
 
     def weights(self) -> Weights:
         """A CPU copy of this replica's weights for the tau evaluator (its own actor): queued
-        right behind a step, it is exactly the weights after that step."""
+        right behind a step, it is exactly the weights after that step. Under fsdp every rank
+        gathers them (a collective); rank 0 gets them, the others an empty dict."""
+        if self.trainer.sharded is not None:
+            return full_weights(self.trainer.model)
         return weights_of(self.trainer.model)
 
     def close(self) -> None:
