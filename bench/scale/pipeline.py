@@ -20,10 +20,13 @@ from bench.scale.synthetic import write_chats
 
 
 def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 1,
-                 target_compile: bool = True, drafter_compile: str = "default") -> dict:
+                 target_compile: bool = True, drafter_compile: str = "default",
+                 name: str = "", extra: tuple[str, ...] = ()) -> dict:
+    """``name`` tells runs of one shape apart (folder and log); ``extra``: more overrides."""
     data = write_chats(work / "chats_A.jsonl", count=4 * steps + 64, prompt_words=190,
                        answer_words=590)
-    run_dir = work / f"run_A_{gpus}gpu"
+    tag = f"{gpus}gpu{'_' + name if name else ''}"
+    run_dir = work / f"run_A_{tag}"
     # A fresh run: train.checkpoint.resume=null refuses a folder holding earlier checkpoints.
     shutil.rmtree(run_dir, ignore_errors=True)
     cluster = ["cluster=one_gpu"] if gpus == 1 else [
@@ -34,13 +37,14 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
            "drafter.num_anchors=256", f"target.compile={target_compile}",
            f"drafter.compile={drafter_compile}", *cluster, "logger=none", "train.eval.every=-1",
            "train.checkpoint.every=0", "train.checkpoint.resume=null", "train.plan.epochs=1",
-           f"train.plan.max_steps={steps}", "train.log_every=5", f"train.out_dir={run_dir}"]
+           f"train.plan.max_steps={steps}", "train.log_every=5", f"train.out_dir={run_dir}",
+           *extra]
     t0 = time.perf_counter()
-    with open(out / f"pipeline_{gpus}gpu.log", "w") as log:
+    with open(out / f"pipeline_{tag}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        return {"error": f"exit {proc.returncode}: see pipeline_{gpus}gpu.log", "wall_s": wall}
+        return {"error": f"exit {proc.returncode}: see pipeline_{tag}.log", "wall_s": wall}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     steady = [r for r in rows if "perf/samples_per_s" in r and r["step"] > skip]
     mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
