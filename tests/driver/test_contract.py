@@ -107,7 +107,9 @@ def _data(run, tmp_path) -> str:
 
 # (what changes, the overrides that change it, the refusal's "key old -> new" parts)
 REFUSED = [
-    ("model shape", ["drafter.num_layers=3"], ["drafter.num_layers 2 -> 3"]),
+    # The target layers init copies follow num_layers: the resolved ids are what counts.
+    ("model shape", ["drafter.num_layers=3"],
+     ["drafter.num_layers 2 -> 3", "drafter.init_layer_ids [6, 7] -> [5, 6, 7]"]),
     ("taps", ["drafter.num_taps=2"], ["drafter.target_layer_ids [1, 3, 5] -> [1, 5]"]),
     ("taps", ["drafter.target_layer_ids=[1,2,3]"],
      ["drafter.target_layer_ids [1, 3, 5] -> [1, 2, 3]"]),
@@ -174,7 +176,7 @@ def test_changeable_settings_resume_and_each_change_is_logged(run, tiny_assets, 
     assert driver.resume.step == 2
     lines = [r.getMessage() for r in caplog.records]
     for change in ("train.plan.max_steps changed: 2 -> 4", "train.eval.every changed: -1 -> 2",
-                   "train.optim.lr changed: 0.003 -> 0.001",
+                   "train.optim.lr changed: 0.01 -> 0.001",
                    "cluster.drafters_per_node changed: 1 -> 2"):
         assert sum(change in line for line in lines) == 1, (change, lines)
 
