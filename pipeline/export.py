@@ -12,12 +12,12 @@ import json
 import logging
 from pathlib import Path
 
+from pipeline.checkpoint import folders as ckpt
+from pipeline.checkpoint.sharded import load_weights
 from pipeline.diskfull import DiskFullError
-from pipeline.driver import checkpoint as ckpt
-from pipeline.model.serving_format import save_drafter
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
-from pipeline.training.state_io import load_state
+from pipeline.model.serving_format import save_drafter
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,10 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> P
     why = ckpt.problem(checkpoint)
     if why is not None:
         raise ValueError(f"--checkpoint {checkpoint}: not a usable checkpoint: {why}")
-    weights = load_state(checkpoint / "drafter.pt")  # runs no code from the file
     state = json.loads((checkpoint / "state.json").read_text())
     spec = DrafterSpec.from_hf_config(state["drafter_config"])
     model = DFlashDrafter(spec)
-    model.load_state_dict(weights["model"])
+    load_weights(model, checkpoint)  # runs no code from the files
     return save_drafter(model, out, dtype)
 
 

@@ -40,7 +40,7 @@ import ray
 
 from pipeline.dist.rendezvous import MasterAddress
 from pipeline.ray_start import run_task
-from pipeline.training.async_save import SaveDone
+from pipeline.checkpoint.writer import SaveDone
 
 # The rank that owns the work done once for the group (saves, exports, weights for evals).
 OWNER_RANK = 0
@@ -60,18 +60,18 @@ POLICY: dict[str, Dispatch] = {
     "master_address": Dispatch.RANK_ZERO,
     "init_group": Dispatch.EVERY_RANK_AGREED,
     "load_checkpoint": Dispatch.EVERY_RANK_AGREED,
-    "save_checkpoint": Dispatch.OWNER,
-    "wait_saves": Dispatch.OWNER,
+    # A save through torch.distributed.checkpoint is entered by every rank (each plans, the
+    # writing ranks write); the owner's records cover the whole save.
+    "save_checkpoint": Dispatch.EVERY_RANK,
+    "wait_saves": Dispatch.EVERY_RANK,
     "weights": Dispatch.OWNER,
     "export": Dispatch.OWNER,
 }
 
-# drafter.parallel=fsdp: gathering the full state is a collective, so saves, weights and
-# exports go to every rank; the owner writes (and its value comes back). Its writes are its
-# own, so wait_saves stays with the owner.
+# drafter.parallel=fsdp: gathering the full weights is a collective, so weights and exports
+# go to every rank; the owner writes (and its value comes back).
 FSDP_POLICY: dict[str, Dispatch] = {
-    **POLICY, "save_checkpoint": Dispatch.EVERY_RANK, "weights": Dispatch.EVERY_RANK,
-    "export": Dispatch.EVERY_RANK}
+    **POLICY, "weights": Dispatch.EVERY_RANK, "export": Dispatch.EVERY_RANK}
 
 
 def policy_for(parallel: str) -> dict[str, Dispatch]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.training.config import PlanConfig
-from pipeline.training.plan import ResumePoint
+from pipeline.checkpoint.point import ResumePoint
 
 
 def nothing_left(plan: PlanConfig, point: ResumePoint, path: Path) -> Optional[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.config_keys import override_key
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 
 RESUME_KEY = "train.checkpoint.resume"
 ENTRY = ["python", "-m", "pipeline.train"]

@@ -23,11 +23,11 @@ import torch
 
 from pipeline.config import JobConfig
 from pipeline.diskfull import DiskFullError, temp_name
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
-from pipeline.training.plan import ResumePoint
-from pipeline.training.state_io import save_state
+from pipeline.checkpoint.point import ResumePoint
+from pipeline.checkpoint.files import save_state
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = Path("/dev/full")

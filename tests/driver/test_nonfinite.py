@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import MasterAddress, init_group, pick_master
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.recovery import NonFiniteError
@@ -19,7 +19,7 @@ from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.target import load_target, load_target_head
 from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
-from pipeline.training.state_io import load_state
+from pipeline.checkpoint.files import load_state
 
 
 class Replica:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.training.async_save import AsyncSaver, HostPool, map_tensors, snapshot
-from pipeline.training.state_io import load_state, sha256_file
+from pipeline.checkpoint.writer import AsyncSaver, HostPool, map_tensors, snapshot
+from pipeline.checkpoint.files import load_state, sha256_file
 
 
 def _state():

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from pipeline.config import JobConfig
 from pipeline.preflight import PreflightError
 from pipeline.resolve import ResolvedJob
-from pipeline.training.state_io import sha256_file
+from pipeline.checkpoint.files import sha256_file
 
 log = logging.getLogger(__name__)
 
