@@ -16,7 +16,9 @@ save plans and finishes on it while the step loop's group (NCCL on GPUs) goes on
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import pathlib
 import pickle
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +30,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import (FileSystemReader, FileSystemWriter,
+                                                    _StorageInfo)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from pipeline.checkpoint.files import load_state
@@ -122,14 +125,18 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         p.grad = grad
 
 
-# What a DCP index holds: its own dataclasses, torch's sizes, dtypes and layouts.
-_INDEX_TYPES = {
-    **{(c.__module__, c.__name__): c for c in (
+# What a DCP index holds: its own dataclasses and enum, the file index, torch's sizes, dtypes
+# and layouts (a layout is pickled as a call of torch.serialization._get_layout on its name),
+# the save's checkpoint id (a path).
+_INDEX_TYPES: dict[tuple[str, str], Any] = {
+    (c.__module__, c.__name__): c for c in (
         dcp_metadata.Metadata, dcp_metadata.TensorStorageMetadata,
         dcp_metadata.BytesStorageMetadata, dcp_metadata.ChunkStorageMetadata,
         dcp_metadata.TensorProperties, dcp_metadata.MetadataIndex, dcp_metadata.StorageMeta,
-        torch.Size)},
-}
+        dcp_metadata._MEM_FORMAT_ENCODING, _StorageInfo, torch.Size, collections.OrderedDict,
+        pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath,
+        pathlib.PureWindowsPath)}
+_INDEX_TYPES[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
 
 
 class _IndexUnpickler(pickle.Unpickler):
@@ -143,16 +150,7 @@ class _IndexUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None),
                                             (torch.dtype, torch.layout, torch.memory_format)):
             return getattr(torch, name)
-        if (module, name) in _ALLOWED_BUILTINS:
-            return _ALLOWED_BUILTINS[(module, name)]
-        if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
-            from torch.distributed.checkpoint.filesystem import _StorageInfo
-            return _StorageInfo
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP index")
-
-
-_ALLOWED_BUILTINS = {("collections", "OrderedDict"): __import__("collections").OrderedDict,
-                     ("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
 
 
 class SafeReader(FileSystemReader):
