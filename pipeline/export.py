@@ -13,7 +13,8 @@ import logging
 from pathlib import Path
 
 from pipeline.checkpoint import folders as ckpt
-from pipeline.checkpoint.sharded import load_weights
+from pipeline.checkpoint.files import load_state
+from pipeline.checkpoint.sharded import LEGACY_FILE, load_weights
 from pipeline.diskfull import DiskFullError
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
@@ -33,10 +34,15 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> P
     why = ckpt.problem(checkpoint)
     if why is not None:
         raise ValueError(f"--checkpoint {checkpoint}: not a usable checkpoint: {why}")
+    # Read before anything else of the checkpoint is trusted; runs no code from the files.
+    legacy = checkpoint / LEGACY_FILE
+    weights = load_state(legacy)["model"] if legacy.is_file() else None
     state = json.loads((checkpoint / "state.json").read_text())
-    spec = DrafterSpec.from_hf_config(state["drafter_config"])
-    model = DFlashDrafter(spec)
-    load_weights(model, checkpoint)  # runs no code from the files
+    model = DFlashDrafter(DrafterSpec.from_hf_config(state["drafter_config"]))
+    if weights is not None:
+        model.load_state_dict(weights)
+    else:
+        load_weights(model, checkpoint)
     return save_drafter(model, out, dtype)
 
 

@@ -99,9 +99,9 @@ class CheckpointSaves:
         """The error a failed write raises; its staging folder (a partial file) goes first."""
         ckpt.discard(staging)
         if done.errno in DISK_FULL:
-            return disk_full_error(done.path, done.errno)
-        return RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
-                            f"previous checkpoint ({self.last}) is intact")
+            return disk_full_error(done.file or done.path, done.errno)
+        return RuntimeError(f"checkpoint write {done.file or done.path} failed: {done.error}; "
+                            f"the previous checkpoint ({self.last}) is intact")
 
     def _finalize(self, staging: Path, point: ResumePoint, saved: SaveDone) -> Path:
         assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"

@@ -29,12 +29,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import (FileSystemReader, FileSystemWriter,
                                                     _StorageInfo)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from pipeline.checkpoint.files import load_state
 from pipeline.dist import fsdp
 
 DRAFTER_DIR = "drafter"
@@ -75,9 +75,10 @@ def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup]
     """Write ``state`` (host copies) into ``folder/drafter``, fsynced. Every rank of ``group``
     calls this; it returns once every rank's files and the index are written (DCP's closing
     exchange), and raises on every rank if any rank's write failed."""
-    dcp.save(state, storage_writer=FileSystemWriter(folder / DRAFTER_DIR, sync_files=True),
-             planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
-             process_group=group, no_dist=group is None)
+    with _plain_errors():
+        dcp.save(state, storage_writer=FileSystemWriter(folder / DRAFTER_DIR, sync_files=True),
+                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
+                 process_group=group, no_dist=group is None)
 
 
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
@@ -86,22 +87,35 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
     model's parameters must be the shards: see :func:`shards_in_place`)."""
     _init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
     state = drafter_state(model, optimizer)
-    dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR), process_group=group,
-             no_dist=group is None)
+    with _plain_errors():
+        dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR), process_group=group,
+                 no_dist=group is None)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 
 
 def load_weights(model: nn.Module, folder: Path) -> None:
-    """Only the weights, into a whole model in this process (no group): an export. Reads a
-    checkpoint of either format (``drafter/`` or the older ``drafter.pt``)."""
-    legacy = folder / LEGACY_FILE
-    if legacy.is_file():
-        model.load_state_dict(load_state(legacy)["model"])
-        return
+    """Only the weights of ``folder/drafter``, into a whole model in this process (no
+    group): an export."""
     state = {"model": model.state_dict()}
-    dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR), no_dist=True)
+    with _plain_errors():
+        dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR), no_dist=True)
     model.load_state_dict(state["model"])
+
+
+@contextlib.contextmanager
+def _plain_errors() -> Iterator[None]:
+    """DCP raises a CheckpointException, a BaseException holding each failed rank's error:
+    raise the lowest failed rank's own error instead (a full disk keeps its errno; callers
+    that catch Exception see it)."""
+    try:
+        yield
+    except CheckpointException as exc:
+        for rank in sorted(exc.failures):
+            inner = exc.failures[rank][0]
+            if isinstance(inner, Exception):
+                raise inner from None
+        raise RuntimeError(f"torch.distributed.checkpoint failed: {exc}") from None
 
 
 def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from pipeline.checkpoint import sharded
 from pipeline.checkpoint.files import FileRecord, save_state, sha256_file
@@ -48,6 +47,7 @@ class SaveDone:
     snapshot_s: float  # what the save cost the training loop (the host copy)
     write_s: float     # serialise + fsync + read-back, in the background
     errno: Optional[int] = None  # of the OSError the write failed with (ENOSPC: disk full)
+    file: Optional[str] = None   # what the failed write was writing (a file, or DCP's folder)
 
 
 class AsyncSaver:
@@ -94,17 +94,18 @@ class AsyncSaver:
                steps_done: int, held: float) -> None:
         t0 = time.perf_counter()
         records: tuple[FileRecord, ...] = ()
-        error, code = None, None
+        error, code, file = None, None, None
         try:
             sharded.save(state, folder, self.group)
             if rest is not None:
                 records = (save_state(rest, folder / TRAINER_FILE), *_records(folder))
         except Exception as exc:  # reported to the driver, which decides
-            exc = _cause(exc)
             if not is_disk_full(exc):  # a full disk needs no traceback: the driver says it
                 log.exception("checkpoint write %s failed", folder, exc_info=exc)
             error = f"{type(exc).__name__}: {exc}"
             code = exc.errno if isinstance(exc, OSError) else None
+            # DCP's own writes raise without a file name: its folder is what failed.
+            file = getattr(exc, "filename", None) or str(folder / sharded.DRAFTER_DIR)
         finally:
             del state
             if self.pool is not None:
@@ -112,7 +113,7 @@ class AsyncSaver:
         if not self.owner:
             return  # the owner's report covers this rank's files (see the module docstring)
         done = SaveDone(str(folder), steps_done, records, error, held,
-                        time.perf_counter() - t0, code)
+                        time.perf_counter() - t0, code, file)
         with self._lock:
             self._finished.append(done)
 
@@ -134,13 +135,3 @@ def _records(folder: Path) -> list[FileRecord]:
     root = folder / sharded.DRAFTER_DIR
     return [FileRecord(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p))
             for p in sorted(root.rglob("*")) if p.is_file()]
-
-
-def _cause(exc: Exception) -> Exception:
-    """The first rank's own error inside DCP's wrapper (a full disk keeps its errno)."""
-    if isinstance(exc, CheckpointException):
-        for failure in exc.failures.values():
-            inner = getattr(failure, "exception", failure)
-            if isinstance(inner, Exception):
-                return inner
-    return exc
