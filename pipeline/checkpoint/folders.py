@@ -38,10 +38,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+from pipeline.checkpoint.files import FileRecord, fsync_dir, fsync_file, sha256_file
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.diskfull import writing
 from pipeline.preflight import PreflightError
-from pipeline.checkpoint.point import ResumePoint
-from pipeline.checkpoint.files import FileRecord, fsync_dir, fsync_file, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from typing import Any, Callable, Optional, Protocol
 
 import ray
 
-from pipeline.diskfull import DISK_FULL, disk_full_error
 from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.checkpoint.writer import SaveDone
+from pipeline.diskfull import DISK_FULL, disk_full_error
 
 log = logging.getLogger(__name__)
 

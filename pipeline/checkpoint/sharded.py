@@ -33,7 +33,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import (FileSystemReader, FileSystemWriter,
                                                     _StorageInfo)
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 
 from pipeline.dist import fsdp
 
@@ -66,9 +67,18 @@ def shards_in_place(model: nn.Module, sharded: bool) -> Iterator[None]:
 
 def drafter_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The weights and AdamW state keyed by parameter name (shards as DTensors under fsdp):
-    the same keys in every mode and at every world size, which is what lets a load reshard."""
-    weights, optim = get_state_dict(model, optimizer)
-    return {"model": weights, "optimizer": optim}
+    the same keys in every mode and at every world size, which is what lets a load reshard.
+
+    An optimizer that has not updated yet (every step so far skipped) has no state, and is
+    saved so: get_state_dict would give it state by a step of its own, which changes the
+    bias correction of every later update."""
+    if optimizer.state:
+        weights, optim = get_state_dict(model, optimizer)
+        return {"model": weights, "optimizer": optim}
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [{**{k: v for k, v in g.items() if k != "params"},
+               "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
+    return {"model": get_model_state_dict(model), "optimizer": {"state": {}, "param_groups": groups}}
 
 
 def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup]) -> None:
@@ -85,11 +95,12 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
          group: Optional[dist.ProcessGroup]) -> None:
     """Load ``folder/drafter`` into the model and optimizer as this job shards them (the
     model's parameters must be the shards: see :func:`shards_in_place`)."""
-    _init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
+    reader = SafeReader(folder / DRAFTER_DIR)
+    if any(k.startswith("optimizer.state.") for k in reader.read_metadata().state_dict_metadata):
+        _init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
     state = drafter_state(model, optimizer)
     with _plain_errors():
-        dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR), process_group=group,
-                 no_dist=group is None)
+        dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 

@@ -1,8 +1,9 @@
 """The drafters as one group, and the one place that says which rank runs which call.
 
-Today the drafters are identical replicas (data parallel, gradients all-reduced), so one rank,
-the *owner*, does the work that needs one copy of the state: checkpoint saves, exports, the
-weights for the tau evaluator. :data:`POLICY` declares, per remote method of
+With replicated drafters (data parallel, gradients all-reduced) one rank, the *owner*, does
+the work that needs one copy of the state: exports, the weights for the tau evaluator.
+Checkpoint saves go to every rank in both modes (torch.distributed.checkpoint: each rank
+plans, the writing ranks write, the owner reports). :data:`POLICY` declares, per remote method of
 :class:`~pipeline.workers.drafter_worker.DrafterWorker` that the driver calls on the group,
 how it is dispatched:
 
@@ -38,9 +39,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import ray
 
+from pipeline.checkpoint.writer import SaveDone
 from pipeline.dist.rendezvous import MasterAddress
 from pipeline.ray_start import run_task
-from pipeline.checkpoint.writer import SaveDone
 
 # The rank that owns the work done once for the group (saves, exports, weights for evals).
 OWNER_RANK = 0

@@ -11,14 +11,16 @@ from typing import Callable, Optional
 
 from ray.exceptions import RayError
 
-from pipeline.config import JobConfig
-from pipeline.diskfull import secondary
 from pipeline.checkpoint import folders as ckpt
-from pipeline.driver.accounting import SampleAccounting
-from pipeline.driver.actors import ActorGroup
 from pipeline.checkpoint.contract import KEY as CONTRACT_KEY
 from pipeline.checkpoint.contract import Contract, check_resume
 from pipeline.checkpoint.cursor import Cursor
+from pipeline.checkpoint.point import ResumePoint
+from pipeline.checkpoint.saves import CheckpointSaves
+from pipeline.config import JobConfig
+from pipeline.diskfull import secondary
+from pipeline.driver.accounting import SampleAccounting
+from pipeline.driver.actors import ActorGroup
 from pipeline.driver.drafter_group import OWNER_LANE
 from pipeline.driver.eval_tally import EvalTally
 from pipeline.driver.evaluator import TauEvaluator
@@ -29,7 +31,6 @@ from pipeline.driver.observers import step_observers
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.runlock import RunLock
-from pipeline.checkpoint.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop
 from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
@@ -37,10 +38,9 @@ from pipeline.driver.trace import TraceRecorder
 from pipeline.job_data import load_job_data
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
-from pipeline.checkpoint.point import ResumePoint
-from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
+from pipeline.workers.prefetcher import PlanSummary
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,16 @@ from pipeline.dist.fsdp import full_weights
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
-from pipeline.model.serving_format import save_drafter
-from pipeline.model.config import DrafterConfig, DrafterSpec
-from pipeline.model.target import load_target_head
-from pipeline.objective.packing import Packing
-from pipeline.training.config import OptimConfig
-from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
 from pipeline.checkpoint import sharded
 from pipeline.checkpoint.files import load_state, out_of_memory
 from pipeline.checkpoint.host_copy import HostPool
 from pipeline.checkpoint.writer import TRAINER_FILE, AsyncSaver, SaveDone
+from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.serving_format import save_drafter
+from pipeline.model.target import load_target_head
+from pipeline.objective.packing import Packing
+from pipeline.training.config import OptimConfig
+from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader

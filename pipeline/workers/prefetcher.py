@@ -11,9 +11,9 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.data import ChatDataset, DataConfig
 from pipeline.data.batching import BatchShapes, sample_lengths
-from pipeline.checkpoint.point import ResumePoint
 from pipeline.training.plan import StepPlan, job_plan
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 

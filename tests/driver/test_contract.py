@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import JobConfig
 from pipeline.checkpoint import folders as ckpt
+from pipeline.config import JobConfig
 from pipeline.driver.compose import compose_job
 from pipeline.checkpoint.contract import (CHANGEABLE, CHECKED_AS, FIXED, Contract, check_resume,
                                       leaves)

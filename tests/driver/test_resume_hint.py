@@ -3,9 +3,9 @@
 import shlex
 
 from pipeline.checkpoint import folders as ckpt
-from pipeline.driver.resume_hint import interrupted_line, resume_args
-from pipeline.checkpoint.point import ResumePoint
 from pipeline.checkpoint.files import FileRecord, sha256_file
+from pipeline.checkpoint.point import ResumePoint
+from pipeline.driver.resume_hint import interrupted_line, resume_args
 
 
 def _checkpoint(out, step):
