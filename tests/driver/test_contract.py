@@ -194,7 +194,7 @@ def test_a_checkpoint_without_a_contract_is_warned_about_and_its_data_still_chec
 def test_all_checkpoints_unusable_is_one_warning_then_a_fresh_start(run, tmp_path, caplog):
     out = _copy(run, tmp_path)
     for folder in ckpt.step_folders(out):
-        (folder / "drafter.pt").write_bytes(b"torn")
+        (folder / "trainer.pt").write_bytes(b"torn")
     with caplog.at_level(logging.WARNING):
         driver = Driver(compose_job(_base(run[1], out)))
     assert driver.resume is None and driver.resume_from is None
