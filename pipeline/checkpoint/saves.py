@@ -13,8 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-import ray
-
 from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
@@ -89,6 +87,8 @@ class CheckpointSaves:
         """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
         staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
         drafters.wait_saves()  # a write still in flight is superseded
+        import ray  # here only: the package imports without Ray (a GPU bench of the writer)
+
         ray.get(drafters.save_checkpoint_ref(str(staging)))
         (done,) = drafters.wait_saves()
         if done.error is not None:
