@@ -78,7 +78,8 @@ def drafter_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[st
     names = {id(p): n for n, p in model.named_parameters()}
     groups = [{**{k: v for k, v in g.items() if k != "params"},
                "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
-    return {"model": get_model_state_dict(model), "optimizer": {"state": {}, "param_groups": groups}}
+    return {"model": get_model_state_dict(model),
+            "optimizer": {"state": {}, "param_groups": groups}}
 
 
 def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup]) -> None:
