@@ -1,7 +1,7 @@
 """Checkpoints through torch.distributed.checkpoint: saved by 2 fsdp ranks, resumed at 3 and
-in the other mode (resharding); a corrupted newest checkpoint falls back to the one before; a
-checkpoint in the format before DCP (one drafter.pt) still resumes. Each resume's losses
-continue the uninterrupted run's."""
+replicated, and saved replicated, resumed sharded (resharding); a corrupted newest checkpoint
+falls back to the one before; a checkpoint in the format before DCP (one drafter.pt) still
+resumes. Each resume's losses continue the uninterrupted run's."""
 
 import json
 import logging
@@ -102,9 +102,10 @@ def test_corrupt_newest_falls_back_and_the_old_format_resumes(ray_cluster, small
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING):  # saved replicated, resumed sharded (2 x 1)
         again = _resume(tmp_path / "again", full, 3, f"data.train_path={small_train_file}",
-                        "cluster.drafters_per_node=1", "train.plan.grad_accum=2")
+                        "drafter.parallel=fsdp", "cluster.drafters_per_node=2",
+                        "train.plan.grad_accum=1")
     assert "skipping checkpoint" in caplog.text and "step_00000003" in caplog.text
     assert "drafter/__0_0.distcp does not match its recorded sha256" in caplog.text
     assert (again.first_step, again.end_step) == (2, 3)
