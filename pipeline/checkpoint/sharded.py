@@ -31,8 +31,8 @@ from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import (FileSystemReader, FileSystemWriter,
-                                                    _StorageInfo)
+from torch.distributed.checkpoint.filesystem import (FileSystem, FileSystemReader,
+                                                    FileSystemWriter, _StorageInfo)
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
@@ -87,9 +87,66 @@ def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup]
     calls this; it returns once every rank's files and the index are written (DCP's closing
     exchange), and raises on every rank if any rank's write failed."""
     with _plain_errors():
-        dcp.save(state, storage_writer=FileSystemWriter(folder / DRAFTER_DIR, sync_files=True),
+        dcp.save(state, storage_writer=_Writer(folder / DRAFTER_DIR),
                  planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
                  process_group=group, no_dist=group is None)
+
+
+class _Writer(FileSystemWriter):
+    """DCP's file writer (fsynced, one file per rank, written in the calling thread), but a
+    write that fails raises the OSError its file raised, naming the file: torch.save, which
+    DCP serialises tensors with, reports a failed write only as "inline_container.cc ...
+    unexpected pos" (a full disk must say so, with its errno)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, sync_files=True, thread_count=1)
+        self.fs = _RecordingFileSystem()
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return super().write_data(plan, planner)
+        except RuntimeError:
+            if self.fs.failed is None:
+                raise
+            raise self.fs.failed from None
+
+
+class _RecordingFileSystem(FileSystem):
+    """Keeps the first OSError a file's write raised, with the file's name (and names the
+    file in one its closing raised)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: Optional[OSError] = None
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        try:
+            with super().create_stream(path, mode) as stream:
+                yield _RecordingStream(stream, self, str(path))
+        except OSError as exc:  # also the buffered rest failing when the file closes
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+class _RecordingStream:
+    """A file whose failed writes are recorded on the file system (everything else is the
+    file's own)."""
+
+    def __init__(self, stream: Any, fs: _RecordingFileSystem, name: str) -> None:
+        self._stream, self._fs, self._name = stream, fs, name
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._stream.write(data)
+        except OSError as exc:
+            if self._fs.failed is None:
+                self._fs.failed = OSError(exc.errno, exc.strerror, self._name)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,

@@ -125,6 +125,22 @@ def test_a_full_disk_is_reported_with_its_errno_and_no_traceback(tmp_path, caplo
     assert done.error is None and done.errno is None
 
 
+def test_a_full_disk_under_a_dcp_file_names_it_with_its_errno(tmp_path):
+    """torch.save, which DCP writes tensors with, hides the OSError: the writer keeps it."""
+    full = Path("/dev/full")
+    if not (full.exists() and stat.S_ISCHR(full.stat().st_mode)):
+        pytest.skip("/dev/full (the kernel's always-full device) is missing on this machine")
+    model, optim = _trained()
+    (tmp_path / "full" / "drafter").mkdir(parents=True)
+    (tmp_path / "full" / "drafter" / "__0_0.distcp").symlink_to(full)
+    saver = _saver()
+    saver.start(lambda: sharded.drafter_state(model, optim), _rest, tmp_path / "full", 1)
+    (failed,) = saver.wait()
+    assert failed.records == () and failed.errno == errno.ENOSPC
+    assert failed.file == str(tmp_path / "full" / "drafter" / "__0_0.distcp")
+    assert "inline_container" not in failed.error
+
+
 class _RunsCode:
     def __init__(self, marker):
         self.marker = marker
