@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.checkpoint import folders as ckpt
+from pipeline import checkpoint as ckpt
 from pipeline.checkpoint.files import load_state
 from pipeline.checkpoint.sharded import LEGACY_FILE, load_weights
 from pipeline.diskfull import DiskFullError

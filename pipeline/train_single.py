@@ -12,7 +12,7 @@ import sys
 
 import hydra
 
-from pipeline.checkpoint.folders import step_folders
+from pipeline.checkpoint import step_folders
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError

@@ -11,12 +11,12 @@ from typing import Callable, Optional
 
 from ray.exceptions import RayError
 
-from pipeline.checkpoint import folders as ckpt
+from pipeline import checkpoint as ckpt
+from pipeline.checkpoint import CheckpointSaves
 from pipeline.checkpoint.contract import KEY as CONTRACT_KEY
 from pipeline.checkpoint.contract import Contract, check_resume
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.checkpoint.saves import CheckpointSaves
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
 from pipeline.driver.accounting import SampleAccounting

@@ -23,8 +23,8 @@ import logging
 import time
 from typing import Callable, Optional, Protocol, Sequence
 
+from pipeline.checkpoint import CheckpointSaves
 from pipeline.checkpoint.cursor import Cursor
-from pipeline.checkpoint.saves import CheckpointSaves
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery

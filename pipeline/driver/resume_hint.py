@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from pipeline.checkpoint import folders as ckpt
+from pipeline import checkpoint as ckpt
 from pipeline.config_keys import override_key
 
 RESUME_KEY = "train.checkpoint.resume"
