@@ -17,6 +17,7 @@ from typing import Any, Optional
 import ray
 
 from pipeline.assembly import batch_shapes, packing_of
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
@@ -25,7 +26,6 @@ from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
-from pipeline.training.plan import ResumePoint
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker

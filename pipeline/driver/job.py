@@ -11,14 +11,17 @@ from typing import Callable, Optional
 
 from ray.exceptions import RayError
 
+from pipeline import checkpoint as ckpt
+from pipeline.checkpoint import CheckpointSaves
+from pipeline.checkpoint.contract import KEY as CONTRACT_KEY
+from pipeline.checkpoint.contract import Contract, check_resume
+from pipeline.checkpoint.cursor import Cursor
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
-from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
-from pipeline.driver.contract import KEY as CONTRACT_KEY
-from pipeline.driver.contract import Contract, check_resume
-from pipeline.driver.cursor import Cursor
+from pipeline.driver.drafter_group import OWNER_LANE
 from pipeline.driver.eval_tally import EvalTally
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.finished import nothing_left
@@ -28,7 +31,6 @@ from pipeline.driver.observers import step_observers
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.runlock import RunLock
-from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop
 from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
@@ -36,10 +38,9 @@ from pipeline.driver.trace import TraceRecorder
 from pipeline.job_data import load_job_data
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
-from pipeline.training.plan import ResumePoint
-from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
+from pipeline.workers.prefetcher import PlanSummary
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,10 @@ class Driver:
             if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
                 calls.append(self._evaluate_async(actors, metrics, summary, step + 1))
             if self._checkpoint_due(step + 1, stop):
-                calls.append(self.saves.save_async(actors.drafter_group, cursor, step))
+                ref = self.saves.save_async(actors.drafter_group, cursor, step)
+                # The seconds it held training come back again with the save's record (logged
+                # when it counts); here only its completion matters.
+                calls.append(AfterStepCall(ref, lambda held_s: None, lane=OWNER_LANE))
             return calls
 
         self._loop = StepLoop(actors.topology(), stop, plan.first_step, observers, after_step,

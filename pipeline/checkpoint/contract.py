@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.checkpoint.files import sha256_file
 from pipeline.config import JobConfig
 from pipeline.preflight import PreflightError
 from pipeline.resolve import ResolvedJob
-from pipeline.training.state_io import sha256_file
 
 log = logging.getLogger(__name__)
 
