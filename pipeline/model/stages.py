@@ -250,3 +250,28 @@ def _layer_of(name: str) -> Optional[int]:
         return None
     index = name[at + len(marker):].split(".", 1)[0]
     return int(index) if index.isdigit() else None
+
+
+class StagedTargetFeatures(nn.Module):
+    """All stages of a staged target in one process, as ``TargetFeatures``: token ids in,
+    concatenated tap features out. The single-process reference runs ``target.stages`` so."""
+
+    def __init__(self, stages: Sequence[TargetStage]) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.tap_ids = stages[0].plan.tap_ids
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x, taps = input_ids, {}
+        for stage in self.stages:
+            x, held = stage(x)
+            taps.update(held)
+        return torch.cat([taps[i] for i in self.tap_ids], dim=-1)
+
+
+def load_staged_target(path: Union[str, Path], tap_ids: Sequence[int], num_stages: int,
+                       device: torch.device | str, dtype: torch.dtype,
+                       compile: bool = False) -> StagedTargetFeatures:
+    return StagedTargetFeatures([load_target_stage(path, tap_ids, s, num_stages, device, dtype,
+                                                   compile) for s in range(num_stages)])
