@@ -168,13 +168,14 @@ def load_target_stage(path: Union[str, Path], tap_ids: Sequence[int], stage: int
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(built, dtype=dtype)
     _cut(model, plan)
-    model.config = model.get_decoder().config = stage_config(config, plan)
+    # From the built model's config: it carries the attention implementation resolved.
+    model.config = model.get_decoder().config = stage_config(model.config, plan)
     if not _load_slice(model, Path(path), plan, device, dtype):
         log.info("target stage %d: tensor names differ from the model's, loading through "
                  "from_pretrained on the host and cutting", stage)
         model = AutoModelForCausalLM.from_pretrained(str(path), config=built, dtype=dtype)
         _cut(model, plan)
-        model.config = model.get_decoder().config = stage_config(config, plan)
+        model.config = model.get_decoder().config = stage_config(model.config, plan)
         model.to(device)
     _rebuild_rotary(model, device)
     model.requires_grad_(False).eval()
