@@ -83,3 +83,26 @@ def test_layout_auto_counts_a_staged_target_as_its_stages():
     with pytest.raises(ValueError, match=r"no layout on 2 GPU\(s\) per node for "
                                          r"target.stages=2"):
         choose_layout(rates, 2, ev, stages=2)
+
+
+def test_a_killed_stage_restarts_the_set_and_every_sample_trains_once(ray_cluster,
+                                                                      small_train_file,
+                                                                      tmp_path):
+    import ray
+
+    out = tmp_path / "run"
+    driver = Driver(compose_job(BASE[:-1] + [
+        "target.stages=2", "train.plan.max_steps=null", "train.checkpoint.every=2",
+        f"data.train_path={small_train_file}", f"train.out_dir={out}"]))
+    killed = []
+
+    def kill_stage_0(done: int) -> None:
+        if done == 3 and not killed:
+            ray.kill(driver.actors.chains[0][0])  # stage 0: the last stage's calls wait on it
+            killed.append(done)
+    driver.step_listeners.append(kill_stage_0)
+    summary = driver.run()
+    assert killed and [r.actor for r in summary.restarts] == ["target 0 stage 0 (node 0)"]
+    assert summary.restarts[0].resumed_step in (2, 4)  # step 4 may be saved before the loss shows
+    for account in summary.accounts:
+        assert account.exact, account.summary()
