@@ -50,7 +50,8 @@ def check_cluster(cfg: ClusterConfig, eval_cfg: EvalConfig, stages: int = 1) -> 
     if cfg.placement_strategy != "STRICT_PACK" and len(nodes) > 1:
         raise ValueError(
             f"cluster.placement_strategy={cfg.placement_strategy!r} may split a node's group "
-            f"of {cfg.bundles_per_node(stages)} actors across the {len(nodes)} nodes of this cluster, "
+            f"of {cfg.bundles_per_node(stages)} actors across the {len(nodes)} nodes of this "
+            f"cluster, "
             f"and a target's slot ring cannot be read from another node: allowed on a "
             f"multi-node cluster: 'STRICT_PACK'")
     if device == "cuda":

@@ -248,7 +248,8 @@ def predict_layout(cluster: ClusterConfig, rates: Rates, stages: int = 1) -> Opt
     t, d = cluster.targets_per_node, cluster.drafters_per_node
     if cluster.gpus_per_actor > 0.5:  # a GPU per actor
         return _split(t, d, rates, cluster.gpus_per_actor, stages)
-    if t == d and stages == 1:  # at <= 0.5 the launcher allows this only as a target and a drafter per GPU
+    # At <= 0.5 the launcher allows this only as a target and a drafter per GPU.
+    if t == d and stages == 1:
         return _colocated(t, rates, cluster.gpus_per_actor)
     return None
 

@@ -103,6 +103,7 @@ def test_a_killed_stage_restarts_the_set_and_every_sample_trains_once(ray_cluste
     driver.step_listeners.append(kill_stage_0)
     summary = driver.run()
     assert killed and [r.actor for r in summary.restarts] == ["target 0 stage 0 (node 0)"]
-    assert summary.restarts[0].resumed_step in (2, 4)  # step 4 may be saved before the loss shows
+    # Step 4 may be saved before the loss shows.
+    assert summary.restarts[0].resumed_step in (2, 4)
     for account in summary.accounts:
         assert account.exact, account.summary()
