@@ -216,7 +216,7 @@ def choose_layout(rates: Rates, gpus: int, eval_cfg: EvalConfig,
     ranked = candidates(rates, gpus, eval_cfg, num_nodes, stages)
     allowed = [x for x in ranked if x.refused is None]
     if not ranked:
-        fewer = f"target.stages <= {gpus - 1}, or " if gpus > 2 else ""
+        fewer = f"target.stages <= {gpus - 1}, or " if gpus >= 2 else ""
         raise ValueError(f"cluster.layout=auto found no layout on {gpus} GPU(s) per node for "
                          f"target.stages={stages}: a target takes {stages} GPUs and a drafter "
                          f"one more. Allowed: {fewer}cluster.layout=manual with GPUs shared "
