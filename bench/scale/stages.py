@@ -27,6 +27,7 @@ import ray
 import torch
 
 from bench.scale.synthetic import build_target
+from pipeline.model.config import qwen3_8b_config
 from pipeline.driver.staged import connect_stages, produce_chain, start_stages
 from pipeline.ray_start import Placement, init_ray, kill_actors, start_actor
 from pipeline.transport.ring import RingReader
@@ -34,7 +35,6 @@ from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 from pipeline.workers.target_worker import TargetWorker
 
 TAPS = (1, 9, 17, 25, 33)  # the Qwen3-8B recipe's taps (dflash.md)
-HIDDEN = 4096
 
 
 def _batch(index: int, rows: int, length: int, vocab: int) -> MicroBatch:
@@ -63,10 +63,10 @@ def _rate(chain: list[Any], batches: list[Any], rows: int, num_slots: int, warmu
     return (len(batches) - warmup) * rows / (time.perf_counter() - t0)
 
 
-def _taps(chain: list[Any], batch: Any) -> torch.Tensor:
+def _taps(chain: list[Any], batch: Any, device: str) -> torch.Tensor:
     """One micro-batch's taps from slot 0 of ``chain``'s tap ring, copied into this process."""
     ready = ray.get(produce_chain(chain, 0, batch))
-    reader = RingReader("cuda")
+    reader = RingReader(device)
     reader.attach(ray.get(chain[-1].ring_handle.remote()))
     try:
         return reader.view(ready).clone()
@@ -76,12 +76,12 @@ def _taps(chain: list[Any], batch: Any) -> torch.Tensor:
 
 
 def _measure(start: Callable[[], list[Any]], batches: list[Any], rows: int, num_slots: int,
-             warmup: int) -> tuple[float, torch.Tensor]:
+             warmup: int, device: str) -> tuple[float, torch.Tensor]:
     chain = start()
     try:
         connect_stages([chain])
         rate = _rate(chain, batches, rows, num_slots, warmup)
-        return rate, _taps(chain, batches[0])
+        return rate, _taps(chain, batches[0], device)
     finally:
         ray.get([h.close.remote() for h in chain])
         kill_actors(chain)
@@ -89,24 +89,29 @@ def _measure(start: Callable[[], list[Any]], batches: list[Any], rows: int, num_
 
 def run_stages(work: Path, stages: int = 2, rows: int = 4, length: int = 800,
                micro_batches: int = 40, warmup: int = 8, num_slots: int = 4,
-               compile: bool = False) -> dict:
-    path = build_target(work / "qwen3-8b-random")
-    vocab = 151936
-    slot_numel = rows * length * len(TAPS) * HIDDEN
-    args = dict(rank=0, target_path=str(path), tap_ids=TAPS, device="cuda",
+               compile: bool = False, device: str = "cuda", config: dict | None = None,
+               taps: tuple[int, ...] = TAPS) -> dict:
+    """``config``: another Qwen3 shape than 8B's (a small one checks the wiring on CPU)."""
+    hf = config or qwen3_8b_config()
+    path = build_target(work / ("qwen3-8b-random" if config is None else "qwen3-small-random"),
+                        config)
+    vocab, hidden = hf["vocab_size"], hf["hidden_size"]
+    slot_numel = rows * length * len(taps) * hidden
+    args = dict(rank=0, target_path=str(path), tap_ids=taps, device=device,
                 dtype=torch.bfloat16, num_slots=num_slots, slot_numel=slot_numel,
                 compile=compile)
+    gpu = 1.0 if device == "cuda" else 0.0
     started = init_ray(None, cpus_needed=stages + 2)
     try:
         batches = [ray.put(_batch(i, rows, length, vocab)) for i in range(micro_batches)]
         share = 0.9 / stages  # the stages share one GPU, as a target and a drafter do
         whole_rate, whole_taps = _measure(
-            lambda: [start_actor(TargetWorker, Placement(cpus=1, gpus=0.9), **args)],
-            batches, rows, num_slots, warmup)
+            lambda: [start_actor(TargetWorker, Placement(cpus=1, gpus=0.9 * gpu), **args)],
+            batches, rows, num_slots, warmup, device)
         staged_rate, staged_taps = _measure(
-            lambda: start_stages(lambda s: Placement(cpus=1, gpus=share), stages,
-                                 act_numel=rows * length * HIDDEN, **args),
-            batches, rows, num_slots, warmup)
+            lambda: start_stages(lambda s: Placement(cpus=1, gpus=share * gpu), stages,
+                                 act_numel=rows * length * hidden, **args),
+            batches, rows, num_slots, warmup, device)
     finally:
         if started:
             ray.shutdown()
