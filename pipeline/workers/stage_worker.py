@@ -73,11 +73,16 @@ class TargetStageWorker:
         return self.act_ring.handle()
 
     def connect(self, upstream: Optional[RingHandle], taps: RingHandle) -> None:
-        """Open the previous stage's activation ring and (not the last stage) the tap ring."""
+        """Open the previous stage's activation ring and (not the last stage) the tap ring.
+
+        Once per ring: a second call with the same rings (the drafters alone were restarted,
+        and rendezvous runs again) opens nothing.
+        """
         if self.reader is not None:
             assert upstream is not None, f"stage {self.plan.stage} needs its upstream ring"
-            self.reader.attach(upstream)
-        if self.ring is None:
+            self.reader.attach(upstream)  # a no-op for the ring already attached
+        if self.ring is None and (self.taps is None or
+                                  self.taps.handle.ring_id != taps.ring_id):
             self.taps = SlotWriter(taps, self.device, self.node_id)
 
     def produce(self, slot: int, batch: MicroBatch,
