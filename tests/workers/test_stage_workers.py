@@ -31,9 +31,12 @@ def _stages(path, k: int) -> list[TargetStageWorker]:
                                 num_slots=SLOTS, slot_numel=TAP_NUMEL, act_numel=ACT_NUMEL)
               for s in range(k)]
     taps = stages[-1].ring_handle()
+    writers = None
     for _ in range(2):  # connecting again (rendezvous after a drafter restart) opens nothing
         for s, stage in enumerate(stages):
             stage.connect(stages[s - 1].act_handle() if s else None, taps)
+        assert writers is None or writers == [id(s.taps) for s in stages]
+        writers = [id(s.taps) for s in stages]
     return stages
 
 
