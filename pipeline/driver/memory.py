@@ -14,19 +14,22 @@ slack). A job whose largest stage does not fit is refused in one line naming wha
 needs and the fewest stages that would fit. The GPU's memory is ``cluster.gpu_memory_gb``, else
 the driver's own GPU, else the nodes' accelerator type; when none says, the check is skipped
 with a warning. On CPU only the layer count is checked (host memory is not planned here).
+The tau evaluator loads the whole target on one GPU, unstaged: with eval on, a target larger
+than a GPU is refused (``train.eval.every=-1`` turns eval off).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import torch
 
 from pipeline.assembly import batch_shapes
 from pipeline.config import JobConfig
-from pipeline.model.stages import split_layers, stage_weight_bytes
+from pipeline.model.stages import split_layers, stage_weight_bytes, tensor_numels
 from pipeline.resolve import ResolvedJob
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,7 @@ def check_target_memory(job: JobConfig, r: ResolvedJob, device: str,
         log.warning("target.stages=%d: GPU memory unknown (set cluster.gpu_memory_gb), so "
                     "whether each stage fits is not checked before the actors start", k)
         return
+    _check_evaluator(job, r, gpu)
     share = job.cluster.gpus_per_actor
     budget = int(gpu * share) - CONTEXT_BYTES
     needs = _needs(job, r, k)
@@ -127,3 +131,19 @@ def check_target_memory(job: JobConfig, r: ResolvedJob, device: str,
         f"(cluster.gpus_per_actor={share:g} of a {gpu / GB:.0f} GB GPU, less "
         f"{CONTEXT_BYTES / GB:.1f} GB for the CUDA context); allowed: {allowed}, or a "
         f"larger cluster.gpus_per_actor")
+
+
+def _check_evaluator(job: JobConfig, r: ResolvedJob, gpu: int) -> None:
+    """The tau evaluator holds the whole target (every layer and the LM head) on one GPU,
+    unstaged: refuse a target that cannot fit a whole GPU while eval is on."""
+    if job.train.eval.off is not None:
+        return
+    dtype_bytes = torch.empty(0, dtype=r.target_dtype).element_size()
+    whole = sum(tensor_numels(Path(r.target_path)).values()) * dtype_bytes
+    if whole + CONTEXT_BYTES <= gpu:
+        return
+    raise ValueError(
+        f"train.eval.every={job.train.eval.every} is not allowed with this target: the tau "
+        f"evaluator holds the whole target on one GPU ({whole / GB:.1f} GB of weights, the "
+        f"GPU has {gpu / GB:.0f} GB) and is not staged; allowed: train.eval.every=-1 "
+        f"(evaluate the exported drafter elsewhere)")

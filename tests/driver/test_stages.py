@@ -61,6 +61,13 @@ def test_a_stage_too_large_for_its_gpu_share_is_refused_naming_what_fits(tiny_as
                                              r"target needs .* GB \(weights .*allowed: "
                                              r"target.stages >= 2"):
             check_target_memory(sized, r, "cuda", [])
+    # The tau evaluator holds the whole target on one GPU, unstaged.
+    tiny_gpu = compose_job(BASE[:2] + BASE[3:] + [
+        f"train.out_dir={tmp_path}", "target.stages=2", "train.eval.every=0",
+        f"cluster.gpu_memory_gb={CONTEXT_BYTES / GB + 1e-4}", "cluster.gpus_per_actor=1"])
+    with pytest.raises(ValueError, match=r"train.eval.every=0 is not allowed with this target: "
+                                         r"the tau evaluator holds the whole target"):
+        check_target_memory(tiny_gpu, r, "cuda", [])
     # On CPU only the layer count is checked.
     check_target_memory(compose_job(BASE + [f"train.out_dir={tmp_path}",
                                             "cluster.gpu_memory_gb=0.001"]), r, "cpu", [])
