@@ -13,7 +13,7 @@ once its last stage published it (no drafter reads it here).
 
 Returns ``whole_target_samples_per_s``, ``staged_target_samples_per_s`` and
 ``staged_taps_max_abs_diff`` (the staged taps against the whole target's on one micro-batch,
-read back over CUDA IPC; both bf16).
+read back over CUDA IPC by a reader actor; both bf16).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from bench.scale.synthetic import build_target
 from pipeline.model.config import qwen3_8b_config
 from pipeline.driver.staged import connect_stages, produce_chain, start_stages
 from pipeline.ray_start import Placement, init_ray, kill_actors, start_actor
+from pipeline.transport.messages import RingHandle, SlotReady
 from pipeline.transport.ring import RingReader
+from pipeline.workers.common import actor_device
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 from pipeline.workers.target_worker import TargetWorker
 
@@ -63,16 +65,44 @@ def _rate(chain: list[Any], batches: list[Any], rows: int, num_slots: int, warmu
     return (len(batches) - warmup) * rows / (time.perf_counter() - t0)
 
 
+class TapReader:
+    """Reads tap slots in an actor of its own, as a drafter would, and hands back CPU copies.
+
+    Not in the calling process: on CPU, mapping an actor's shared-memory segment registers with
+    that actor's torch shm manager, which Ray kills with the actor; the caller's later rings
+    then fail ("Broken pipe").
+    """
+
+    def __init__(self, device: str) -> None:
+        self.reader = RingReader(actor_device(device))
+
+    def attach(self, handle: RingHandle) -> None:
+        self.reader.attach(handle)
+
+    def read(self, ready: SlotReady) -> torch.Tensor:
+        got = self.reader.view(ready).cpu()  # a copy, finished before the ack below
+        self.reader.release_view(ready)
+        return got
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def start_reader(device: str) -> Any:
+    return start_actor(TapReader, Placement(cpus=0.5, gpus=0.05 if device == "cuda" else 0.0),
+                       device=device)
+
+
 def _taps(chain: list[Any], batch: Any, device: str) -> torch.Tensor:
-    """One micro-batch's taps from slot 0 of ``chain``'s tap ring, copied into this process."""
-    ready = ray.get(produce_chain(chain, 0, batch))
-    reader = RingReader(device)
-    reader.attach(ray.get(chain[-1].ring_handle.remote()))
+    """One micro-batch's taps from slot 0 of ``chain``'s tap ring, read by a TapReader."""
+    ready = produce_chain(chain, 0, batch)
+    reader = start_reader(device)
     try:
-        return reader.view(ready).clone()
+        ray.get(reader.attach.remote(chain[-1].ring_handle.remote()))
+        return ray.get(reader.read.remote(ready))
     finally:
-        reader.release_view(ready)
-        reader.close()
+        ray.get(reader.close.remote())
+        kill_actors([reader])
 
 
 def _measure(start: Callable[[], list[Any]], batches: list[Any], rows: int, num_slots: int,
@@ -104,7 +134,7 @@ def run_stages(work: Path, stages: int = 2, rows: int = 4, length: int = 800,
     started = init_ray(None, cpus_needed=stages + 2)
     try:
         batches = [ray.put(_batch(i, rows, length, vocab)) for i in range(micro_batches)]
-        share = 0.9 / stages  # the stages share one GPU, as a target and a drafter do
+        share = 0.9 / stages  # the stages share one GPU (and the tap reader takes 0.05)
         whole_rate, whole_taps = _measure(
             lambda: [start_actor(TargetWorker, Placement(cpus=1, gpus=0.9 * gpu), **args)],
             batches, rows, num_slots, warmup, device)

@@ -7,10 +7,10 @@ import pytest
 import ray
 import torch
 
+from bench.scale.stages import start_reader
 from pipeline.driver.staged import connect_stages, produce_chain, start_stages
 from pipeline.model.target import load_target
 from pipeline.ray_start import Placement, kill_actors
-from pipeline.transport.ring import RingReader
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 
 TAPS = (0, 2, 4)  # 5 of the fixture target's 6 layers: stages [0, 2) and [2, 5)
@@ -48,17 +48,18 @@ def test_two_stages_sharing_a_gpu_give_the_whole_targets_taps(stages, device, wi
     refs = [produce_chain(chain, slot, ray.put(b)) for slot, b in enumerate(batches)]
     readies = ray.get(refs)
     whole = load_target(wide_target_dir, TAPS, torch.device(device), dtype)
-    reader = RingReader(device)
-    reader.attach(ray.get(chain[-1].ring_handle.remote()))
+    # Read as a drafter reads: in another actor on the GPU, over CUDA IPC.
+    reader = start_reader(device)
     try:
+        ray.get(reader.attach.remote(chain[-1].ring_handle.remote()))
         for batch, ready in zip(batches, readies):
             assert ready.sample_ids == batch.meta.sample_ids and ready.meta.on_main_thread
-            got = reader.view(ready).clone()
-            reader.release_view(ready)
-            expected = whole(batch.input_ids.to(device))
+            got = ray.get(reader.read.remote(ready))
+            expected = whole(batch.input_ids.to(device)).cpu()
             assert got.shape == expected.shape
             assert expected.abs().amax() > 0.1
             tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
             torch.testing.assert_close(got, expected, **tol)
     finally:
-        reader.close()
+        ray.get(reader.close.remote())
+        kill_actors([reader])
