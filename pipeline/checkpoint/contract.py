@@ -52,7 +52,9 @@ FIXED = frozenset({
 # Settings a resume may change: how long, how fast, how visibly training goes on.
 CHANGEABLE = frozenset({
     # Precision and kernels: the same sums, computed another way.
-    "target.dtype", "target.compile", "drafter.attention", "drafter.compile", "drafter.parallel",
+    # target.stages: the same taps, computed by k actors holding a slice of layers each.
+    "target.dtype", "target.compile", "target.stages", "drafter.attention", "drafter.compile",
+    "drafter.parallel",
     "drafter.loss_chunk_size", "drafter.static_shapes", "train.precision",
     # Held-out prompts are eval only; on_bad_line cannot change the samples of unchanged
     # data (with "error" a bad line had stopped the first run).
@@ -65,6 +67,7 @@ CHANGEABLE = frozenset({
     "cluster.layout", "cluster.rates.target_samples_per_s",
     "cluster.rates.drafter_samples_per_s", "cluster.rates.max_length",
     "cluster.rates.micro_batch_size", "cluster.rates.profile",
+    "cluster.gpu_memory_gb",
     # The schedule: its length, and the optimizer's hyperparameters (applied on load).
     "train.plan.epochs", "train.plan.max_steps", "train.plan.stop_at_step",
     "train.plan.grad_accum", "train.optim.lr", "train.optim.warmup_ratio",

@@ -25,8 +25,9 @@ from pipeline.driver.drafter_group import OWNER_LANE
 from pipeline.driver.eval_tally import EvalTally
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.finished import nothing_left
-from pipeline.driver.launcher import check_cluster
+from pipeline.driver.launcher import check_cluster, live_nodes
 from pipeline.driver.layout import with_live_layout
+from pipeline.driver.memory import check_target_memory
 from pipeline.driver.observers import step_observers
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
@@ -90,13 +91,15 @@ class Driver:
         if idle is not None:
             return idle
         # Every actor of every node, the tau evaluator and the prefetcher: cpus_per_actor each.
-        with ray_session(c.address, (c.num_targets + c.num_drafters + 2) * c.cpus_per_actor):
+        actors = c.num_targets * self.job.target.stages + c.num_drafters + 2
+        with ray_session(c.address, actors * c.cpus_per_actor):
             # cluster.layout=auto: the split per node from the rates, checked as a manual one.
             self.job = with_live_layout(self.job)
             c = self.job.cluster
-            device = check_cluster(c, self.job.train.eval)
+            device = check_cluster(c, self.job.train.eval, self.job.target.stages)
             if device != self.r.device:  # the cluster's nodes decide, not this host's
                 self.r = resolve_job(self.job, device=device)
+            check_target_memory(self.job, self.r, device, live_nodes())
             ckpt.clean_stale(self.out_dir)
             # The evaluator is launched first and built while the training actors start.
             with TauEvaluator(self.job, self.r, self._prompts, self.eval_worker) as evaluator, \
