@@ -98,7 +98,7 @@ def family_targets_dir() -> str:
     return os.path.join(os.path.dirname(default_assets_dir()), VERSION)
 
 
-def _base_tokenizer():
+def tiny_base_tokenizer():
     from pipeline.assets.corpus import pydoc_topics
     from pipeline.assets.recipe import TinyRecipe
     from pipeline.assets.tokenizer import build_tokenizer
@@ -121,7 +121,7 @@ def ensure_family_target(model_type: str, root: Optional[str] = None,
         if not os.path.isfile(os.path.join(folder, _DONE)):
             tmp = tempfile.mkdtemp(prefix=f".{model_type}.building-", dir=root)
             try:
-                build_family_target(model_type, tmp, base_tokenizer or _base_tokenizer())
+                build_family_target(model_type, tmp, base_tokenizer or tiny_base_tokenizer())
                 shutil.rmtree(folder, ignore_errors=True)  # an empty or unfinished one
                 os.rename(tmp, folder)
             except BaseException:
