@@ -40,7 +40,7 @@ _QWEN = (
     r"{%- set reasoning = reasoning.strip('\n') -%}{%- set content = content.lstrip('\n') -%}"
     r"{{- '<|im_start|>assistant\n' -}}"
     r"{%- if loop.index0 > ns.last_user -%}"
-    r"{{- '<think>\n' + reasoning + ('\n' if reasoning else '') + '\n</think>\n\n' -}}"
+    r"{{- '<think>\n' + reasoning + '\n</think>\n\n' -}}"
     r"{%- endif -%}"
     r"{{- content + '<|im_end|>\n' -}}"
     r"{%- else -%}" + _REJECT + r"{%- endif -%}"
