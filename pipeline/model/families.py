@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from pipeline.serving.layout import SERVED_ROPE_TYPES as ROPE_TYPES
+
 ROLLBACKS = ("crop", "recompute")
-# Rope types Qwen3 layers accept in transformers, SGLang and vLLM alike.
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 # Rope fields those types read; anything else (mrope sections, partial rotary) is the
 # target's business, not the drafter's.
 _ROPE_KEYS = ("rope_type", "rope_theta", "factor", "original_max_position_embeddings",
@@ -81,6 +81,9 @@ class Family:
     embed_scale: Callable[[Mapping], float] = _no_scale
     # When rope_parameters is keyed by layer type: the entry the drafter uses.
     rope_of_layer_type: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        assert self.rollback in ROLLBACKS, self.rollback
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (

@@ -171,3 +171,16 @@ def test_recompute_rollback_equals_crop(family_target):
 def test_what_cannot_be_served_is_refused_by_name(config, match):
     with pytest.raises(UnsupportedTarget, match=match):
         drafter_fields(config)
+
+
+def test_builtin_family_targets_resolve_and_build_once(tmp_path, monkeypatch):
+    from pipeline.assets.resolve import resolve_target_path
+
+    monkeypatch.setenv("DFLASH_ASSETS_DIR", str(tmp_path / "tiny"))
+    folder = resolve_target_path("builtin:tiny-mistral")
+    assert folder == str(tmp_path / "tiny-families-v1" / "mistral")
+    assert AutoConfig.from_pretrained(folder).model_type == "mistral"
+    assert resolve_target_path("builtin:tiny-mistral") == folder  # cached
+    with pytest.raises(ValueError, match=r"names no built-in target; allowed: \['builtin:tiny'\]"
+                                         r" and \['builtin:tiny-qwen3'"):
+        resolve_target_path("builtin:tiny-phi3")
