@@ -4,6 +4,10 @@ Each round the proposer drafts B-1 tokens after the current anchor token; the ta
 the whole block in one forward; the longest prefix matching the target's greedy tokens is
 accepted and the target's next token is the bonus (the next anchor). tau is the mean over
 rounds of (accepted + 1): the bonus counts, the maximum is B.
+
+Rejected drafts leave the target's cache as its family says (pipeline/model/families.py):
+cropped off a key/value cache, or, where a layer keeps state that cannot be cut back to a
+prefix (Qwen3.5's linear attention), by re-reading the accepted text without a cache.
 """
 
 from __future__ import annotations
@@ -45,10 +49,9 @@ class DrafterProposer:
         ids[0, 0] = anchor_token
         block_pos = torch.arange(anchor_pos, anchor_pos + self.block_size, device=dev)[None]
         ctx_pos = torch.arange(features.shape[1], device=dev)[None]
-        weight = self.drafter.fc.weight
-        hidden = self.drafter(features, embed_tokens(self.head.embed, ids, weight.dtype,
-                                           self.head.embed_scale),
-                              ctx_pos, block_pos, None)
+        embeds = embed_tokens(self.head.embed, ids, self.drafter.fc.weight.dtype,
+                              self.head.embed_scale)
+        hidden = self.drafter(features, embeds, ctx_pos, block_pos, None)
         return (hidden[0, 1:] @ self.head.lm_head.to(hidden.dtype).t()).float()
 
     def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
