@@ -28,9 +28,16 @@ class TargetConfig:
     dtype: str = "auto"  # one of "auto", "bfloat16", "float16", "float32"
     # torch.compile the target's forward (default mode; shapes may vary, so no CUDA graphs).
     compile: bool = False
+    # Pipeline stages: each target runs as this many actors (a GPU each, or sharing one by
+    # cluster.gpus_per_actor), each holding a contiguous slice of its layers; activations
+    # pass stage to stage over slot rings. A target too large for its GPU share is refused
+    # before any actor starts, naming the stage count that fits (pipeline/driver/memory.py).
+    stages: int = 1
 
     def __post_init__(self) -> None:
         require(bool(self.path), "target.path", self.path, "a local model folder or builtin:tiny")
+        require(self.stages >= 1, "target.stages", self.stages, ">= 1 (1: the whole target "
+                "in one actor)")
         require_choice("target.dtype", self.dtype, ("auto", "bfloat16", "float16", "float32"))
 
 
@@ -99,6 +106,10 @@ class ClusterConfig:
     # actor starts (pipeline/driver/layout.py); the manual fields stay the CPU layout.
     layout: str = "manual"  # one of "manual", "auto"
     rates: RatesConfig = field(default_factory=RatesConfig)
+    # Memory of one GPU, for the check that each target stage fits its share
+    # (gpus_per_actor) before any actor starts. null: the driver's own GPU, else the nodes'
+    # accelerator type (H100 80, H200 141); unknown: the check is skipped with a warning.
+    gpu_memory_gb: Optional[float] = None
 
     def __post_init__(self) -> None:
         require_choice("cluster.layout", self.layout, ("manual", "auto"))
@@ -107,6 +118,8 @@ class ClusterConfig:
                 "(or cluster.rates.profile) set for 'auto'")
         for key in ("num_nodes", "targets_per_node", "drafters_per_node", "num_slots"):
             require(getattr(self, key) >= 1, f"cluster.{key}", getattr(self, key), ">= 1")
+        require(self.gpu_memory_gb is None or self.gpu_memory_gb > 0, "cluster.gpu_memory_gb",
+                self.gpu_memory_gb, "> 0 GB or null (detected)")
         require(self.collective_timeout_s > 0, "cluster.collective_timeout_s",
                 self.collective_timeout_s, "> 0 seconds")
         require(self.cpus_per_actor > 0, "cluster.cpus_per_actor", self.cpus_per_actor, "> 0")
@@ -126,8 +139,12 @@ class ClusterConfig:
 
     @property
     def actors_per_node(self) -> int:
-        """The bundles of one node's placement group: its targets and drafters."""
+        """Targets and drafters of one node (a staged target counts once: see bundles)."""
         return self.targets_per_node + self.drafters_per_node
+
+    def bundles_per_node(self, stages: int = 1) -> int:
+        """The bundles of one node's placement group: each target's stages, and drafters."""
+        return self.targets_per_node * stages + self.drafters_per_node
 
 
 @dataclass
@@ -140,7 +157,7 @@ class CheckpointConfig:
     # skipped with a warning), else a fresh start, so a rerun of a command goes on where it
     # stopped; a checkpoint path; or null: start fresh (refused when out_dir holds
     # checkpoints, which the fresh job would overwrite). A resume must keep the settings of
-    # pipeline/driver/contract.py's FIXED; changes to the others are logged.
+    # pipeline/checkpoint/contract.py's FIXED; changes to the others are logged.
     resume: Optional[str] = "auto"
     # Keep only the newest N step folders (0: keep all). Older ones go only after the new
     # one is in place.

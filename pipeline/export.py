@@ -12,12 +12,13 @@ import json
 import logging
 from pathlib import Path
 
+from pipeline import checkpoint as ckpt
+from pipeline.checkpoint.files import load_state
+from pipeline.checkpoint.sharded import LEGACY_FILE, load_weights
 from pipeline.diskfull import DiskFullError
-from pipeline.driver import checkpoint as ckpt
-from pipeline.model.serving_format import save_drafter
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
-from pipeline.training.state_io import load_state
+from pipeline.model.serving_format import save_drafter
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,15 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "bfloat16") -> P
     why = ckpt.problem(checkpoint)
     if why is not None:
         raise ValueError(f"--checkpoint {checkpoint}: not a usable checkpoint: {why}")
-    weights = load_state(checkpoint / "drafter.pt")  # runs no code from the file
+    # Read before anything else of the checkpoint is trusted; runs no code from the files.
+    legacy = checkpoint / LEGACY_FILE
+    weights = load_state(legacy)["model"] if legacy.is_file() else None
     state = json.loads((checkpoint / "state.json").read_text())
-    spec = DrafterSpec.from_hf_config(state["drafter_config"])
-    model = DFlashDrafter(spec)
-    model.load_state_dict(weights["model"])
+    model = DFlashDrafter(DrafterSpec.from_hf_config(state["drafter_config"]))
+    if weights is not None:
+        model.load_state_dict(weights)
+    else:
+        load_weights(model, checkpoint)
     return save_drafter(model, out, dtype)
 
 

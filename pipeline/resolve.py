@@ -11,7 +11,9 @@ cluster's nodes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import torch
@@ -19,7 +21,8 @@ import torch
 from pipeline.config import JobConfig
 from pipeline.dtypes import resolve_dtype
 from pipeline.model.config import DrafterSpec, build_drafter_spec
-from pipeline.preflight import check_data_file, check_target_folder
+from pipeline.model.families import UnsupportedTarget, drafter_fields
+from pipeline.preflight import PreflightError, check_data_file, check_target_folder
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,20 @@ def cluster_device(requested: str, node_resources: Sequence[Mapping[str, float]]
     return requested
 
 
+def check_target_family(key: str, value: str, folder: str) -> None:
+    """The target's config.json names a family the drafter can be built for (read as JSON:
+    a model_type unknown to transformers is refused here too, not by AutoConfig)."""
+    where = f"{key}={value!r}" + ("" if value == folder else f" ({folder})")
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        drafter_fields(config)
+    except UnsupportedTarget as e:
+        raise PreflightError(f"{where}: {e}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise PreflightError(f"{where}: config.json cannot be read as a causal LM's config "
+                             f"({type(e).__name__}: {e})") from None
+
+
 def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     from transformers import AutoConfig, AutoTokenizer
 
@@ -71,6 +88,7 @@ def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     check_target_folder("target.path", job.target.path, target_path)
     check_data_file("data.train_path", job.data.train_path, train_path)
     check_data_file("data.heldout_path", job.data.heldout_path, heldout_path)
+    check_target_family("target.path", job.target.path, target_path)
     device = device or resolve_device(job.cluster.device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     target_config = AutoConfig.from_pretrained(target_path).to_dict()

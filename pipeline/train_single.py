@@ -12,8 +12,8 @@ import sys
 
 import hydra
 
+from pipeline.checkpoint import step_folders
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
-from pipeline.driver.checkpoint import step_folders
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
 from pipeline.training.single import SingleProcessTrainer

@@ -107,3 +107,20 @@ def small_train_file(tiny_assets, tmp_path_factory):
     lines = open(tiny_assets.train_path).read().splitlines()[:24]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def family_target(tmp_path_factory):
+    """``family_target("llama")``: the folder of a tiny random-weight target of that family,
+    built by transformers and saved with its family's tokenizer (pipeline/assets/
+    family_targets.py); built once per session, on first use."""
+    from pipeline.assets.family_targets import ensure_family_target, tiny_base_tokenizer
+
+    root = tmp_path_factory.mktemp("family_targets")
+    base = []
+
+    def get(model_type: str) -> str:
+        if not base:
+            base.append(tiny_base_tokenizer())
+        return ensure_family_target(model_type, root=str(root), base_tokenizer=base[0])
+    return get

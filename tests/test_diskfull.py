@@ -19,7 +19,7 @@ from ray.exceptions import RayTaskError
 from pipeline.diskfull import (DiskFullError, disk_full_error, disk_full_headline,
                                find_disk_full, rust_os_error, secondary, temp_name,
                                write_atomic)
-from pipeline.training.state_io import save_state
+from pipeline.checkpoint.files import save_state
 
 FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(

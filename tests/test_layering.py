@@ -2,9 +2,10 @@
 
     base         validate, dtypes, diskfull, preflight, config keys, Ray start, dist/, serving/
     libraries    model/, objective/, data/, transport/, assets/ (each with its own config.py)
-    components   training/, eval/: the drafter trainer, optimizer, plan, tau; each gets only its
-                 own config section, never the job's JobConfig
-    job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together
+    components   training/, eval/, checkpoint/: the drafter trainer, optimizer, plan, tau,
+                 checkpoints; each gets only its own config section, never the job's JobConfig
+    job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together;
+                 checkpoint/contract.py (a resume's settings, read from the JobConfig)
     workers      workers/: the Ray actors' plain classes; they run without the driver
     regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
     driver       driver/: the training job over Ray
@@ -31,8 +32,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__.py", "validate.py", "dtypes.py", "diskfull.py", "preflight.py",
               "config_keys.py", "wandb_env.py", "ray_start.py", "dist", "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
-    ("components", {"training", "eval"}),
-    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py"}),
+    ("components", {"training", "eval", "checkpoint"}),
+    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "checkpoint/contract.py"}),
     ("workers", {"workers"}),
     ("regen", {"regen"}),
     ("driver", {"driver"}),

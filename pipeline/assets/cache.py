@@ -56,7 +56,7 @@ def ensure_tiny_assets(root: Optional[str] = None) -> TinyAssets:
     if not _is_built(root):
         parent = os.path.dirname(root)
         os.makedirs(parent, exist_ok=True)
-        with _file_lock(root + ".lock"):
+        with file_lock(root + ".lock"):
             if not _is_built(root):  # another process may have built it while we waited
                 _build_atomically(root)
     _check_version(root)
@@ -68,7 +68,7 @@ def _is_built(root: str) -> bool:
 
 
 @contextmanager
-def _file_lock(path: str) -> Iterator[None]:
+def file_lock(path: str) -> Iterator[None]:
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

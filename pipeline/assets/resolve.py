@@ -1,5 +1,6 @@
 """Map config strings to paths: ``builtin:tiny`` means the embedded demo assets.
 
+``builtin:tiny-<model_type>`` (target only) means a tiny random-weight target of that family.
 Anything else is taken as a real path and returned unchanged (``~`` expanded), so configs can
 name either the demo or a user's own model and data.
 """
@@ -10,6 +11,7 @@ import os
 from typing import Optional
 
 from pipeline.assets.cache import ensure_tiny_assets
+from pipeline.assets.family_targets import FAMILY_TARGETS, ensure_family_target
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny",)
@@ -27,7 +29,16 @@ def _builtin_name(value: str) -> Optional[str]:
 
 
 def resolve_target_path(value: str) -> str:
-    """``builtin:tiny`` -> the tiny target's folder (built on first use); else ``value``."""
+    """``builtin:tiny`` -> the tiny target's folder (built on first use);
+    ``builtin:tiny-<model_type>`` -> a tiny random-weight target of that family
+    (pipeline/assets/family_targets.py); else ``value``."""
+    family = value[len(BUILTIN_PREFIX + "tiny-"):]
+    if value.startswith(BUILTIN_PREFIX + "tiny-"):
+        if family not in FAMILY_TARGETS:
+            raise ValueError(f"target.path={value!r} names no built-in target; allowed: "
+                             f"{[BUILTIN_PREFIX + b for b in BUILTINS]} and "
+                             f"{[BUILTIN_PREFIX + 'tiny-' + f for f in FAMILY_TARGETS]}")
+        return ensure_family_target(family)
     if _builtin_name(value) is None:
         return os.path.expanduser(value)
     return ensure_tiny_assets().target_dir

@@ -17,15 +17,16 @@ from typing import Any, Optional
 import ray
 
 from pipeline.assembly import batch_shapes, packing_of
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
 from pipeline.driver.drafter_group import DrafterGroup, policy_for
 from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
+from pipeline.driver.staged import chain_names, connect_stages, start_stages
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
-from pipeline.training.plan import ResumePoint
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker
@@ -47,7 +48,8 @@ class ActorGroup:
 
     def _clear(self) -> None:
         self.prefetcher: Any = None
-        self.targets: list[Any] = []
+        self.targets: list[Any] = []  # a staged target's last stage (it owns the tap ring)
+        self.chains: list[list[Any]] = []  # every target's actors, stage 0 first
         self.drafters: list[Any] = []
         self.target_node: list[int] = []  # node index of each target
         self.drafter_node: list[int] = []  # node index of each drafter
@@ -74,7 +76,7 @@ class ActorGroup:
         self.plan = plan = ray.get(self.prefetcher.summary.remote())
         log.info("plan: %d samples; steps %d..%d of %d micro-batches", plan.num_samples,
                  plan.first_step + 1, plan.end_step, self.micro_batches_per_step)
-        self.groups = node_groups(self.job.cluster, self.r.device)
+        self.groups = node_groups(self.job.cluster, self.r.device, stages=self.stages)
         for n, group in enumerate(self.groups):
             self._start_node(n, group, plan)
         return plan
@@ -84,6 +86,7 @@ class ActorGroup:
         group = self.drafter_group
         master = group.master_address()
         group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s)
+        connect_stages(self.chains)
         handles = ray.get([t.ring_handle.remote() for t in self.targets])
         ray.get([d.attach.remote([h for h, n in zip(handles, self.target_node)
                                   if n == self.drafter_node[i]])
@@ -99,7 +102,11 @@ class ActorGroup:
         """
         if after_failure:
             kill_actors(self.drafters)
-        for handles in [self.targets] if after_failure else [self.drafters, self.targets]:
+        # A stage before the last holds views of its neighbours' rings: it closes first.
+        upstream = [h for chain in self.chains for h in chain[:-1]]
+        order = [upstream, self.targets] if after_failure else \
+            [self.drafters, upstream, self.targets]
+        for handles in order:
             self._close_each(handles, timeout_s=10.0 if after_failure else 60.0)
         kill_actors(self.handles())
         remove_groups(self.groups)
@@ -161,7 +168,8 @@ class ActorGroup:
                         timeout_s)
 
     def handles(self) -> list[Any]:
-        return [h for h in (self.prefetcher, *self.targets, *self.drafters) if h is not None]
+        stages = [h for chain in self.chains for h in chain]
+        return [h for h in (self.prefetcher, *stages, *self.drafters) if h is not None]
 
     def names(self) -> dict[str, str]:
         """Actor id (hex) -> a name for the log: "drafter 1 (node 0)"."""
@@ -173,7 +181,7 @@ class ActorGroup:
             for i, h in enumerate(handles):
                 where = f" (node {nodes[kind][i]})" if kind in nodes else ""
                 out[h._actor_id.hex()] = f"{kind} {i}{where}" if kind in nodes else kind
-        return out
+        return {**out, **chain_names(self.chains, self.target_node)}
 
     # -- what the driver uses ---------------------------------------------------------------
     def load_checkpoint(self, folder: str) -> int:
@@ -187,7 +195,11 @@ class ActorGroup:
 
     def topology(self) -> Topology:
         return Topology(self.prefetcher, self.targets, self.drafters, self.target_node,
-                        self.drafter_node, self.job.cluster.num_slots)
+                        self.drafter_node, self.job.cluster.num_slots, self.chains)
+
+    @property
+    def stages(self) -> int:
+        return self.job.target.stages
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -204,6 +216,11 @@ class ActorGroup:
         tokens = self._shapes.max_tokens(self.job.data.max_length)
         return tokens * self.r.spec.feature_size
 
+    @property
+    def _act_numel(self) -> int:
+        """A staged target's activation slot: [rows, length, H] of the largest micro-batch."""
+        return self._shapes.max_tokens(self.job.data.max_length) * self.r.spec.hidden_size
+
     # -- starting ---------------------------------------------------------------------------
     def _start_prefetcher(self) -> Any:
         job, r, plan = self.job, self.r, self.job.train.plan
@@ -219,13 +236,18 @@ class ActorGroup:
 
     def _start_node(self, n: int, group: NodeGroup, plan: PlanSummary) -> None:
         """Node ``n``'s targets (bundles first) and drafters; ranks are node-contiguous."""
-        r, c = self.r, self.job.cluster
+        r, c, k = self.r, self.job.cluster, self.stages
         for i in range(c.targets_per_node):
-            self.targets.append(start_actor(
-                TargetWorker, group.placement(i), rank=len(self.targets),
-                target_path=r.target_path, tap_ids=r.spec.target_layer_ids, device=r.device,
-                dtype=r.target_dtype, num_slots=c.num_slots, slot_numel=self._slot_numel,
-                node_id=group.node_id, compile=self.job.target.compile))
+            args = dict(rank=len(self.targets), target_path=r.target_path,
+                        tap_ids=r.spec.target_layer_ids, device=r.device, dtype=r.target_dtype,
+                        num_slots=c.num_slots, slot_numel=self._slot_numel,
+                        node_id=group.node_id, compile=self.job.target.compile)
+            # Target i's stages take bundles i*k .. i*k+k-1 (start_actor does not block).
+            chain = [start_actor(TargetWorker, group.placement(i), **args)] if k == 1 else \
+                start_stages(lambda s: group.placement(i * k + s), k,
+                             act_numel=self._act_numel, **args)
+            self.chains.append(chain)
+            self.targets.append(chain[-1])
             self.target_node.append(n)
         self._start_drafters(n, group, plan)
 
@@ -234,7 +256,7 @@ class ActorGroup:
         for i in range(c.drafters_per_node):
             rank = n * c.drafters_per_node + i
             self.drafters.append(start_actor(
-                DrafterWorker, group.placement(c.targets_per_node + i),
+                DrafterWorker, group.placement(c.targets_per_node * self.stages + i),
                 rank=rank, world_size=c.num_drafters, spec=r.spec,
                 options=job.drafter, optim=job.train.optim, seed=job.train.seed,
                 target_path=r.target_path, device=r.device, autocast_dtype=r.autocast_dtype,

@@ -1,8 +1,9 @@
 """The drafters as one group, and the one place that says which rank runs which call.
 
-Today the drafters are identical replicas (data parallel, gradients all-reduced), so one rank,
-the *owner*, does the work that needs one copy of the state: checkpoint saves, exports, the
-weights for the tau evaluator. :data:`POLICY` declares, per remote method of
+With replicated drafters (data parallel, gradients all-reduced) one rank, the *owner*, does
+the work that needs one copy of the state: exports, the weights for the tau evaluator.
+Checkpoint saves go to every rank in both modes (torch.distributed.checkpoint: each rank
+plans, the writing ranks write, the owner reports). :data:`POLICY` declares, per remote method of
 :class:`~pipeline.workers.drafter_worker.DrafterWorker` that the driver calls on the group,
 how it is dispatched:
 
@@ -38,9 +39,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import ray
 
+from pipeline.checkpoint.writer import SaveDone
 from pipeline.dist.rendezvous import MasterAddress
 from pipeline.ray_start import run_task
-from pipeline.training.async_save import SaveDone
 
 # The rank that owns the work done once for the group (saves, exports, weights for evals).
 OWNER_RANK = 0
@@ -60,18 +61,18 @@ POLICY: dict[str, Dispatch] = {
     "master_address": Dispatch.RANK_ZERO,
     "init_group": Dispatch.EVERY_RANK_AGREED,
     "load_checkpoint": Dispatch.EVERY_RANK_AGREED,
-    "save_checkpoint": Dispatch.OWNER,
-    "wait_saves": Dispatch.OWNER,
+    # A save through torch.distributed.checkpoint is entered by every rank (each plans, the
+    # writing ranks write); the owner's records cover the whole save.
+    "save_checkpoint": Dispatch.EVERY_RANK,
+    "wait_saves": Dispatch.EVERY_RANK,
     "weights": Dispatch.OWNER,
     "export": Dispatch.OWNER,
 }
 
-# drafter.parallel=fsdp: gathering the full state is a collective, so saves, weights and
-# exports go to every rank; the owner writes (and its value comes back). Its writes are its
-# own, so wait_saves stays with the owner.
+# drafter.parallel=fsdp: gathering the full weights is a collective, so weights and exports
+# go to every rank; the owner writes (and its value comes back).
 FSDP_POLICY: dict[str, Dispatch] = {
-    **POLICY, "save_checkpoint": Dispatch.EVERY_RANK, "weights": Dispatch.EVERY_RANK,
-    "export": Dispatch.EVERY_RANK}
+    **POLICY, "weights": Dispatch.EVERY_RANK, "export": Dispatch.EVERY_RANK}
 
 
 def policy_for(parallel: str) -> dict[str, Dispatch]:

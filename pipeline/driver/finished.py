@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.training.config import PlanConfig
-from pipeline.training.plan import ResumePoint
 
 
 def nothing_left(plan: PlanConfig, point: ResumePoint, path: Path) -> Optional[str]:

@@ -11,24 +11,27 @@ from typing import Callable, Optional
 
 from ray.exceptions import RayError
 
+from pipeline import checkpoint as ckpt
+from pipeline.checkpoint import CheckpointSaves
+from pipeline.checkpoint.contract import KEY as CONTRACT_KEY
+from pipeline.checkpoint.contract import Contract, check_resume
+from pipeline.checkpoint.cursor import Cursor
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
-from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
-from pipeline.driver.contract import KEY as CONTRACT_KEY
-from pipeline.driver.contract import Contract, check_resume
-from pipeline.driver.cursor import Cursor
+from pipeline.driver.drafter_group import OWNER_LANE
 from pipeline.driver.eval_tally import EvalTally
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.finished import nothing_left
-from pipeline.driver.launcher import check_cluster
+from pipeline.driver.launcher import check_cluster, live_nodes
 from pipeline.driver.layout import with_live_layout
+from pipeline.driver.memory import check_target_memory
 from pipeline.driver.observers import step_observers
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.runlock import RunLock
-from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import AfterStepCall, StepLoop
 from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
@@ -36,10 +39,9 @@ from pipeline.driver.trace import TraceRecorder
 from pipeline.job_data import load_job_data
 from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
-from pipeline.training.plan import ResumePoint
-from pipeline.workers.prefetcher import PlanSummary
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
+from pipeline.workers.prefetcher import PlanSummary
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +91,15 @@ class Driver:
         if idle is not None:
             return idle
         # Every actor of every node, the tau evaluator and the prefetcher: cpus_per_actor each.
-        with ray_session(c.address, (c.num_targets + c.num_drafters + 2) * c.cpus_per_actor):
+        actors = c.num_targets * self.job.target.stages + c.num_drafters + 2
+        with ray_session(c.address, actors * c.cpus_per_actor):
             # cluster.layout=auto: the split per node from the rates, checked as a manual one.
             self.job = with_live_layout(self.job)
             c = self.job.cluster
-            device = check_cluster(c, self.job.train.eval)
+            device = check_cluster(c, self.job.train.eval, self.job.target.stages)
             if device != self.r.device:  # the cluster's nodes decide, not this host's
                 self.r = resolve_job(self.job, device=device)
+            check_target_memory(self.job, self.r, device, live_nodes())
             ckpt.clean_stale(self.out_dir)
             # The evaluator is launched first and built while the training actors start.
             with TauEvaluator(self.job, self.r, self._prompts, self.eval_worker) as evaluator, \
@@ -225,7 +229,10 @@ class Driver:
             if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
                 calls.append(self._evaluate_async(actors, metrics, summary, step + 1))
             if self._checkpoint_due(step + 1, stop):
-                calls.append(self.saves.save_async(actors.drafter_group, cursor, step))
+                ref = self.saves.save_async(actors.drafter_group, cursor, step)
+                # The seconds it held training come back again with the save's record (logged
+                # when it counts); here only its completion matters.
+                calls.append(AfterStepCall(ref, lambda held_s: None, lane=OWNER_LANE))
             return calls
 
         self._loop = StepLoop(actors.topology(), stop, plan.first_step, observers, after_step,

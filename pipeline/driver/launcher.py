@@ -36,10 +36,11 @@ def live_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-def check_cluster(cfg: ClusterConfig, eval_cfg: EvalConfig) -> str:
+def check_cluster(cfg: ClusterConfig, eval_cfg: EvalConfig, stages: int = 1) -> str:
     """The device the actors use, decided from the cluster's live nodes (not this host).
 
-    Stops before any actor starts when the cluster cannot hold the requested layout.
+    Stops before any actor starts when the cluster cannot hold the requested layout
+    (``stages``: actors per target, target.stages).
     """
     nodes = live_nodes()
     device = cluster_device(cfg.device, nodes)
@@ -49,23 +50,25 @@ def check_cluster(cfg: ClusterConfig, eval_cfg: EvalConfig) -> str:
     if cfg.placement_strategy != "STRICT_PACK" and len(nodes) > 1:
         raise ValueError(
             f"cluster.placement_strategy={cfg.placement_strategy!r} may split a node's group "
-            f"of {cfg.actors_per_node} actors across the {len(nodes)} nodes of this cluster, "
+            f"of {cfg.bundles_per_node(stages)} actors across the {len(nodes)} nodes of this "
+            f"cluster, "
             f"and a target's slot ring cannot be read from another node: allowed on a "
             f"multi-node cluster: 'STRICT_PACK'")
     if device == "cuda":
-        check_gpu_layout(cfg, eval_cfg, [int(n.get("GPU", 0) + _EPS) for n in nodes])
+        check_gpu_layout(cfg, eval_cfg, [int(n.get("GPU", 0) + _EPS) for n in nodes], stages)
     return device
 
 
-def check_gpu_layout(cfg: ClusterConfig, eval_cfg: EvalConfig, node_gpus: Sequence[int]) -> None:
+def check_gpu_layout(cfg: ClusterConfig, eval_cfg: EvalConfig, node_gpus: Sequence[int],
+                     stages: int = 1) -> None:
     """ValueError unless the layout is safe on nodes with these (whole) GPU counts, on CUDA.
 
     Pure, so it is tested without Ray or GPUs. Two rules: no two drafters can ever share a
     GPU (NCCL refuses that at the first all-reduce, minutes into the job), and every node's
     group plus the evaluator pack onto whole GPUs.
     """
-    _check_drafters_apart(cfg, node_gpus)
-    _check_packing(cfg, evaluator_gpus(eval_cfg), node_gpus)
+    _check_drafters_apart(cfg, node_gpus, stages)
+    _check_packing(cfg, evaluator_gpus(eval_cfg), node_gpus, stages)
 
 
 def evaluator_gpus(eval_cfg: EvalConfig) -> float:
@@ -78,7 +81,7 @@ def actors_per_gpu(gpus_per_actor: float) -> int:
     return int(1 / gpus_per_actor + _EPS)
 
 
-def _check_drafters_apart(cfg: ClusterConfig, node_gpus: Sequence[int]) -> None:
+def _check_drafters_apart(cfg: ClusterConfig, node_gpus: Sequence[int], stages: int) -> None:
     """Refuse a layout in which Ray may put two drafters (NCCL ranks) on one GPU.
 
     Ray picks the physical GPU of each fractional bundle itself, so whenever two bundles fit on
@@ -97,7 +100,7 @@ def _check_drafters_apart(cfg: ClusterConfig, node_gpus: Sequence[int]) -> None:
             f"cluster.drafters_per_node={cfg.drafters_per_node} is not allowed with {why}: "
             f"allowed: cluster.gpus_per_actor > 0.5 (e.g. 1: a GPU per actor), or "
             f"cluster.drafters_per_node=1 (cluster=one_gpu: 1 target + 1 drafter on a GPU)")
-    two_groups = [cfg.gpus_per_actor] * (2 * cfg.actors_per_node)
+    two_groups = [cfg.gpus_per_actor] * (2 * cfg.bundles_per_node(stages))
     if cfg.num_nodes > 1 and any(_packs(two_groups, g) for g in node_gpus):
         raise ValueError(
             f"cluster.num_nodes={cfg.num_nodes} is not allowed with {why}, and a node of this "
@@ -105,12 +108,13 @@ def _check_drafters_apart(cfg: ClusterConfig, node_gpus: Sequence[int]) -> None:
             f"allowed: cluster.gpus_per_actor > 0.5, or cluster.num_nodes=1")
 
 
-def _check_packing(cfg: ClusterConfig, evaluator: float, node_gpus: Sequence[int]) -> None:
+def _check_packing(cfg: ClusterConfig, evaluator: float, node_gpus: Sequence[int],
+                   stages: int) -> None:
     """Refuse a layout whose actors do not pack onto whole GPUs (a fraction never spans two).
 
     Summing fractions is not enough: 3 actors at 0.6 need 1.8 GPUs but do not fit on 2.
     """
-    per_node = cfg.actors_per_node
+    per_node = cfg.bundles_per_node(stages)
     if _layout_fits(per_node, cfg.gpus_per_actor, cfg.num_nodes, evaluator, node_gpus):
         return
     most = max((n for n in range(1, per_node) if _layout_fits(
@@ -119,8 +123,9 @@ def _check_packing(cfg: ClusterConfig, evaluator: float, node_gpus: Sequence[int
                "not even a target and a drafter per node at this fraction")
     evaluating = (f" and the tau evaluator (train.eval.gpus={evaluator:g}, on any GPU with "
                   f"room; train.eval.every=-1 turns it off)" if evaluator else "")
+    staged = f" x target.stages={stages}" if stages > 1 else ""
     raise ValueError(
-        f"cluster.targets_per_node={cfg.targets_per_node} + cluster.drafters_per_node="
+        f"cluster.targets_per_node={cfg.targets_per_node}{staged} + cluster.drafters_per_node="
         f"{cfg.drafters_per_node} actors at cluster.gpus_per_actor={cfg.gpus_per_actor:g} GPU "
         f"each on cluster.num_nodes={cfg.num_nodes} node(s){evaluating} do not pack onto "
         f"whole GPUs: the live nodes have {list(node_gpus)} GPUs, a GPU holds "
@@ -171,9 +176,13 @@ class NodeGroup:
         return Placement(cpus=self.cpus, gpus=self.gpus, group=self.pg, bundle=bundle)
 
 
-def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0) -> list[NodeGroup]:
-    """One STRICT_PACK group per node, sorted by node id; none is left behind on failure."""
-    per_node = cfg.actors_per_node
+def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
+                stages: int = 1) -> list[NodeGroup]:
+    """One STRICT_PACK group per node, sorted by node id; none is left behind on failure.
+
+    Bundles: each target's ``stages`` (target i, stage s at ``i * stages + s``), then the
+    drafters."""
+    per_node = cfg.bundles_per_node(stages)
     bundle = {"CPU": cfg.cpus_per_actor}
     if device == "cuda":
         bundle["GPU"] = cfg.gpus_per_actor

@@ -94,12 +94,14 @@ class Layout:
     idle: float  # split: the other role's idle fraction; co-located: 0
     target_share: float  # co-located: the target's share of each GPU's time; split: 0
     refused: Optional[str] = None  # why launcher.check_gpu_layout refuses it, if it does
+    stages: int = 1  # actors (GPUs, split) per target: target.stages
 
     def describe(self) -> str:
         if self.colocated:
             return (f"{self.gpus} x (1 target + 1 drafter) co-located, "
                     f"gpus_per_actor={self.gpus_per_actor:g}")
-        return (f"{self.targets} target{'s' * (self.targets > 1)} + {self.drafters} "
+        staged = f" x {self.stages} stages" if self.stages > 1 else ""
+        return (f"{self.targets} target{'s' * (self.targets > 1)}{staged} + {self.drafters} "
                 f"drafter{'s' * (self.drafters > 1)}, gpus_per_actor={self.gpus_per_actor:g}")
 
     def bound_text(self) -> str:
@@ -147,7 +149,8 @@ def colocated_rate(gpus: int, rates: Rates) -> float:
     return gpus / (1 / rates.target_samples_per_s + 1 / rates.drafter_samples_per_s)
 
 
-def _split(targets: int, drafters: int, rates: Rates, fraction: float) -> Layout:
+def _split(targets: int, drafters: int, rates: Rates, fraction: float,
+           stages: int = 1) -> Layout:
     t = targets * rates.target_samples_per_s
     d = drafters * rates.drafter_samples_per_s
     rate = min(t, d)
@@ -155,7 +158,8 @@ def _split(targets: int, drafters: int, rates: Rates, fraction: float) -> Layout
         bound, idle = "balanced", 0.0
     else:
         bound, idle = ("target", 1 - t / d) if t < d else ("drafter", 1 - d / t)
-    return Layout(False, targets + drafters, targets, drafters, fraction, rate, bound, idle, 0.0)
+    return Layout(False, targets * stages + drafters, targets, drafters, fraction, rate, bound,
+                  idle, 0.0, stages=stages)
 
 
 def _colocated(gpus: int, rates: Rates, fraction: float) -> Layout:
@@ -180,30 +184,43 @@ def _refusal(layout: Layout, eval_cfg: EvalConfig, num_nodes: int) -> Optional[s
                             drafters_per_node=layout.drafters,
                             gpus_per_actor=layout.gpus_per_actor)
     try:
-        check_gpu_layout(cluster, eval_cfg, [layout.gpus] * num_nodes)
+        check_gpu_layout(cluster, eval_cfg, [layout.gpus] * num_nodes, layout.stages)
     except ValueError as err:
         return str(err).split(": allowed")[0].split(". Allowed")[0]
     return None
 
 
-def candidates(rates: Rates, gpus: int, eval_cfg: EvalConfig,
-               num_nodes: int = 1) -> list[Layout]:
-    """Every split and the co-located layout of a ``gpus``-GPU node, best predicted first."""
+def candidates(rates: Rates, gpus: int, eval_cfg: EvalConfig, num_nodes: int = 1,
+               stages: int = 1) -> list[Layout]:
+    """Every split and the co-located layout of a ``gpus``-GPU node, best predicted first.
+
+    A target of ``stages`` stages takes ``stages`` GPUs of a split (its rate, in ``rates``,
+    is that of the whole chain); co-location (one target and one drafter per GPU) is a
+    layout of unstaged targets only.
+    """
     if gpus < 1:
         raise ValueError(f"cluster.layout=auto needs GPUs: a node has {gpus}")
     e = evaluator_gpus(eval_cfg)
-    layouts = [_split(t, gpus - t, rates, _floor_fraction(1 - e)) for t in range(1, gpus)]
-    layouts.append(_colocated(gpus, rates, _floor_fraction((1 - e) / 2)))
+    layouts = [_split(t, gpus - t * stages, rates, _floor_fraction(1 - e), stages)
+               for t in range(1, (gpus - 1) // stages + 1)]
+    if stages == 1:
+        layouts.append(_colocated(gpus, rates, _floor_fraction((1 - e) / 2)))
     layouts = [dataclasses.replace(x, refused=_refusal(x, eval_cfg, num_nodes)) for x in layouts]
     # Highest rate first; ties (to 1e-6 samples/s): fewer targets, then split before co-located.
     return sorted(layouts, key=lambda x: (-round(x.samples_per_s, 6), x.targets, x.colocated))
 
 
 def choose_layout(rates: Rates, gpus: int, eval_cfg: EvalConfig,
-                  num_nodes: int = 1) -> LayoutChoice:
+                  num_nodes: int = 1, stages: int = 1) -> LayoutChoice:
     """The allowed layout of highest predicted rate on a node of ``gpus`` GPUs (pure)."""
-    ranked = candidates(rates, gpus, eval_cfg, num_nodes)
+    ranked = candidates(rates, gpus, eval_cfg, num_nodes, stages)
     allowed = [x for x in ranked if x.refused is None]
+    if not ranked:
+        fewer = f"target.stages <= {gpus - 1}, or " if gpus >= 2 else ""
+        raise ValueError(f"cluster.layout=auto found no layout on {gpus} GPU(s) per node for "
+                         f"target.stages={stages}: a target takes {stages} GPUs and a drafter "
+                         f"one more. Allowed: {fewer}cluster.layout=manual with GPUs shared "
+                         f"(cluster.gpus_per_actor)")
     if not allowed:
         reasons = "; ".join(f"{x.describe()}: {x.refused}" for x in ranked)
         raise ValueError(f"cluster.layout=auto found no layout the launcher allows on "
@@ -227,12 +244,13 @@ def predict_node_rate(target_samples_per_s: float, drafter_samples_per_s: float,
     return choose_layout(rates, gpus, eval_cfg).chosen.samples_per_s
 
 
-def predict_layout(cluster: ClusterConfig, rates: Rates) -> Optional[Layout]:
+def predict_layout(cluster: ClusterConfig, rates: Rates, stages: int = 1) -> Optional[Layout]:
     """The predicted node rate of a manual layout, for the shapes the model covers."""
     t, d = cluster.targets_per_node, cluster.drafters_per_node
     if cluster.gpus_per_actor > 0.5:  # a GPU per actor
-        return _split(t, d, rates, cluster.gpus_per_actor)
-    if t == d:  # at <= 0.5 the launcher allows this only as a target and a drafter per GPU
+        return _split(t, d, rates, cluster.gpus_per_actor, stages)
+    # At <= 0.5 the launcher allows this only as a target and a drafter per GPU.
+    if t == d and stages == 1:
         return _colocated(t, rates, cluster.gpus_per_actor)
     return None
 
@@ -313,15 +331,17 @@ def plan_layout(job: JobConfig, nodes: Sequence[Mapping[str, float]]) -> JobConf
         return job
     rates = load_rates(c.rates)
     _warn_on_shape(rates, job.data.max_length, job.data.micro_batch_size)
-    choice = choose_layout(rates, gpus, job.train.eval, c.num_nodes)
+    stages = job.target.stages
     if c.layout == "manual":
-        manual = predict_layout(c, rates)
-        if manual is not None:
+        manual = predict_layout(c, rates, stages)
+        if manual is not None and gpus > stages:  # else auto has nothing to compare
+            choice = choose_layout(rates, gpus, job.train.eval, c.num_nodes, stages)
             log.info("cluster.layout=manual: %s, predicted %.1f samples/s per node, %s; "
                      "cluster.layout=auto would pick %s at %.1f", manual.describe(),
                      manual.samples_per_s, manual.bound_text(), choice.chosen.describe(),
                      choice.chosen.samples_per_s)
         return job
+    choice = choose_layout(rates, gpus, job.train.eval, c.num_nodes, stages)
     log.info("%s", choice.log_line())
     return dataclasses.replace(job, cluster=apply_layout(c, choice.chosen))
 

@@ -23,12 +23,12 @@ import logging
 import time
 from typing import Callable, Optional, Protocol, Sequence
 
+from pipeline.checkpoint import CheckpointSaves
+from pipeline.checkpoint.cursor import Cursor
 from pipeline.driver.accounting import SampleAccounting
-from pipeline.driver.cursor import Cursor
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery
 from pipeline.driver.report import step_metrics
-from pipeline.driver.saves import CheckpointSaves
 from pipeline.driver.scheduler import StepReport
 from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger

@@ -7,8 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+from pipeline import checkpoint as ckpt
 from pipeline.config_keys import override_key
-from pipeline.driver import checkpoint as ckpt
 
 RESUME_KEY = "train.checkpoint.resume"
 ENTRY = ["python", "-m", "pipeline.train"]

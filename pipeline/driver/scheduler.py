@@ -28,6 +28,7 @@ import ray
 from ray.exceptions import RayError
 
 from pipeline.driver.drafter_group import OWNER_LANE
+from pipeline.driver.staged import produce_chain
 from pipeline.transport.ledger import SlotLedger
 from pipeline.transport.messages import SlotReady
 from pipeline.workers.messages import MicroBatchMeta, MicroResult, StepResult
@@ -43,6 +44,13 @@ class Topology:
     target_node: list[int]  # node index of each target
     drafter_node: list[int]  # node index of each drafter
     num_slots: int
+    # Each target's actors, stage 0 first ([target] unstaged); None: the targets themselves.
+    chains: Optional[list[list[Any]]] = None
+
+    def produce(self, target: int, slot: int, batch_ref: Any) -> Any:
+        """The ref of target ``target``'s SlotReady for ``batch_ref`` in ``slot``."""
+        chain = self.chains[target] if self.chains else [self.targets[target]]
+        return produce_chain(chain, slot, batch_ref)
 
 
 @dataclass(frozen=True)
@@ -215,7 +223,7 @@ class StepLoop:
             node = self.t.target_node[target]
             slot = self.ledgers[node].acquire(target)
             self.batch_of[(target, slot)] = (meta, batch_ref)
-            ref = self.t.targets[target].produce.remote(slot, batch_ref)
+            ref = self.t.produce(target, slot, batch_ref)
             self.pending[ref] = functools.partial(self._on_produced, node)
 
     def _free_target(self) -> Optional[int]:

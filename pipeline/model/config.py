@@ -1,6 +1,7 @@
 """Drafter options and the HF-style config.json that DFlash loaders read.
 
-The drafter copies its layer shapes from the target (hidden size, heads, rope) and adds the
+The drafter takes its shapes from the target (hidden size, heads, rope; per family, see
+pipeline/model/families.py) and adds the
 DFlash fields listed in dflash.md: ``architectures``, ``block_size``, ``num_target_layers``,
 ``dflash_config`` and ``layer_types``.
 """
@@ -10,11 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from pipeline.model.families import drafter_fields
 from pipeline.validate import require, require_choice
-
-# Target config fields that describe the target's files, not the drafter; everything else
-# (vocabulary, special tokens, rope) is kept so loaders see the target's vocabulary.
-_DROP_FROM_TARGET = ("auto_map", "_name_or_path", "transformers_version", "dtype", "torch_dtype")
 
 
 ATTENTION = ("sdpa", "flex")
@@ -157,9 +155,11 @@ class DrafterSpec:
 
 def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
                        tokenizer_mask_id: Optional[int] = None) -> DrafterSpec:
-    """A Qwen3-shaped drafter config derived from the target's config dict (``to_dict()``)."""
+    """A Qwen3-shaped drafter config derived from the target's config dict (``to_dict()``):
+    what it takes from the target is decided per family in pipeline/model/families.py."""
+    fields = drafter_fields(target_config)  # refuses a family it cannot serve
     num_target_layers = int(target_config["num_hidden_layers"])
-    vocab = int(target_config["vocab_size"])
+    vocab = fields["vocab_size"]
     taps = resolve_tap_ids(cfg, num_target_layers)
     if cfg.init == "target_layers":
         resolve_init_layer_ids(cfg, num_target_layers)  # refused here, before any actor starts
@@ -170,8 +170,8 @@ def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
     if not 0 <= mask_id < vocab:
         raise ValueError(f"drafter.mask_token_id={mask_id} is outside the target vocabulary: "
                          f"allowed 0..{vocab - 1}")
-    hf = {k: v for k, v in target_config.items() if k not in _DROP_FROM_TARGET}
-    hf.update(
+    hf = dict(
+        fields,
         architectures=["DFlashDraftModel"],
         model_type="qwen3",
         num_hidden_layers=cfg.num_layers,
@@ -182,11 +182,6 @@ def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
         tie_word_embeddings=False,
         use_sliding_window=False,
     )
-    hf.setdefault("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
-    if "rope_theta" not in hf:
-        # transformers 5 keeps rope_theta inside rope_parameters; older loaders read it flat.
-        rope = hf.get("rope_parameters") or {}
-        hf["rope_theta"] = rope.get("rope_theta", 10000.0)
     return DrafterSpec(hf_config=hf, block_size=cfg.block_size, mask_token_id=int(mask_id),
                        target_layer_ids=tuple(taps))
 

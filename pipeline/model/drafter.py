@@ -165,6 +165,11 @@ def compute_dtype(weight: torch.Tensor, device_type: str) -> torch.dtype:
 
 
 def embed_tokens(embed_weight: torch.Tensor, token_ids: torch.Tensor,
-                 dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                 dtype: Optional[torch.dtype] = None, scale: float = 1.0) -> torch.Tensor:
+    """Rows of the target's embedding as the target's own embedding module returns them:
+    ``scale`` (Gemma: sqrt(hidden), see families.py) multiplies in the weight's dtype, as
+    there."""
     out = F.embedding(token_ids, embed_weight)
+    if scale != 1.0:
+        out = out * torch.tensor(scale, dtype=embed_weight.dtype, device=out.device)
     return out if dtype is None else out.to(dtype)

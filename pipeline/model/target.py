@@ -16,6 +16,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from pipeline.model.families import embed_scale
+
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layer list of an HF causal LM (``model.model.layers`` for Llama/Qwen)."""
@@ -96,9 +98,12 @@ class TargetHead:
 
     embed: torch.Tensor    # [V, H]
     lm_head: torch.Tensor  # [V, H]
+    # What the target's embedding module multiplies rows by (families.py: Gemma's sqrt(H)).
+    embed_scale: float = 1.0
 
     def to(self, device, dtype=None) -> "TargetHead":
-        return TargetHead(self.embed.to(device, dtype), self.lm_head.to(device, dtype))
+        return TargetHead(self.embed.to(device, dtype), self.lm_head.to(device, dtype),
+                          self.embed_scale)
 
 
 def weight_files(path: Path) -> dict[str, Path]:
@@ -135,4 +140,6 @@ def load_target_head(path: Union[str, Path]) -> TargetHead:
             tensors[name] = f.get_tensor(name)
     embed = tensors[embed_name]
     head = tensors[head_name] if head_name else embed  # tied embeddings
-    return TargetHead(embed=embed.requires_grad_(False), lm_head=head.requires_grad_(False))
+    config = json.loads((path / "config.json").read_text())
+    return TargetHead(embed=embed.requires_grad_(False), lm_head=head.requires_grad_(False),
+                      embed_scale=embed_scale(config))

@@ -71,7 +71,7 @@ def drafter_loss(drafter: Callable[..., torch.Tensor], head: TargetHead, objecti
                       anchors.starts)
     if context_positions is None:
         context_positions = torch.arange(seq_len, device=input_ids.device).expand(n, seq_len)
-    hidden = drafter(features, embed_tokens(head.embed, blocks.token_ids, compute_dtype),
-                     context_positions, blocks.positions, mask)
+    embeds = embed_tokens(head.embed, blocks.token_ids, compute_dtype, head.embed_scale)
+    hidden = drafter(features, embeds, context_positions, blocks.positions, mask)
     return chunked_loss(hidden, head.lm_head, blocks.labels, blocks.weights, blocks.supervised,
                         objective.block_size, objective.loss_chunk_size)

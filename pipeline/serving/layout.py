@@ -17,6 +17,9 @@ MODELING_FILE = Path(__file__).with_name("modeling_dflash.py")
 # config.json's pointer to the modeling file copied beside the weights.
 AUTO_MAP = {"AutoModel": f"{MODELING_FILE.stem}.DFlashDraftModel"}
 _SHOW = 5  # names listed per kind of mismatch
+# Rope types the Qwen3 layers of SGLang, vLLM and transformers all build for a drafter; a
+# target's other ropes are refused before training (pipeline/model/families.py).
+SERVED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
 class ExportError(ValueError):
@@ -86,6 +89,11 @@ def check_config(config: Mapping, where: str) -> None:
     if mask is None or not 0 <= int(mask) < int(config["vocab_size"]):
         fail(f"has dflash_config.mask_token_id={mask!r} outside the vocabulary "
              f"0..{int(config['vocab_size']) - 1}")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in SERVED_ROPE_TYPES:
+        fail(f"has rope_type={rope_type!r}: servers build the drafter's Qwen3 layers with one "
+             f"of {list(SERVED_ROPE_TYPES)}")
     layer_types = config.get("layer_types")
     if layer_types is not None and len(layer_types) != int(config["num_hidden_layers"]):
         fail(f"has {len(layer_types)} layer_types for {config['num_hidden_layers']} layers")

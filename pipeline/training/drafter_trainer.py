@@ -163,24 +163,32 @@ class DrafterTrainer:
         return StepOutcome(denominator, norm, skipped)
 
     def state_dict(self) -> dict:
-        """Everything an exact resume needs from this replica (weights in fp32)."""
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available() and self.device == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
+        """Everything an exact resume needs from this replica, whole (weights in fp32)."""
         if self.sharded is not None:  # gathered whole, in the replicated format: a collective
             weights, optim = fsdp.full_state(self.model, self.optimizer)
         else:
             weights, optim = self.model.state_dict(), self.optimizer.state_dict()
-        return {"model": weights, "optimizer": optim,
-                "scheduler": self.scheduler.state_dict(), "steps_done": self.steps_done,
+        return {"model": weights, "optimizer": optim, **self.rest_state()}
+
+    def rest_state(self) -> dict:
+        """What a resume needs beside the weights and AdamW state: the same on every rank."""
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return {"scheduler": self.scheduler.state_dict(), "steps_done": self.steps_done,
                 "rng": rng}
 
     def load_state_dict(self, state: dict) -> None:
+        """A whole state (:meth:`state_dict`; the checkpoints' drafter.pt before DCP)."""
         if self.sharded is not None:  # every rank read the whole state: each keeps its shard
             fsdp.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        self.load_rest_state(state)
+
+    def load_rest_state(self, state: dict) -> None:
+        """After the weights and AdamW state: the schedule, steps done and RNG."""
         self.scheduler.load_state_dict(state["scheduler"])
         reapply_config(self.optimizer, self.scheduler, self.optim)
         self.steps_done = state["steps_done"]

@@ -27,15 +27,6 @@ class StepPlan:
         return [sid for mb in self.micro_batches for sid in mb]
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where training continues: the next global step, and the data cursor."""
-
-    step: int             # optimizer steps already taken
-    epoch: int            # epoch the next sample comes from
-    samples_done: int     # samples of that epoch already trained
-
-
 def epoch_micro_batches(sample_ids: Sequence[int], seed: int, epoch: int, micro_batch_size: int,
                         skip: int = 0, shapes: Optional[BatchShapes] = None,
                         lengths: Optional[Mapping[int, int]] = None,

@@ -18,6 +18,7 @@ from pipeline.config import JobConfig
 from pipeline.data import Batch
 from pipeline.job_data import load_job_data
 from pipeline.model.serving_format import save_drafter
+from pipeline.model.stages import load_staged_target
 from pipeline.model.target import load_target, load_target_head
 from pipeline.model.target_init import target_init_of
 from pipeline.resolve import ResolvedJob, resolve_job
@@ -36,8 +37,11 @@ class SingleProcessTrainer:
         data = load_job_data(job, r, heldout=True)
         self.dataset, self.prompts = data.train, data.heldout
         self.plans = plan_for(job, self.dataset)
+        k = job.target.stages
         self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
-                                  r.target_dtype, compile=job.target.compile)
+                                  r.target_dtype, compile=job.target.compile) if k == 1 else \
+            load_staged_target(r.target_path, r.spec.target_layer_ids, k, r.device,
+                               r.target_dtype, compile=job.target.compile)
         self.drafter = DrafterTrainer(r.spec, job.drafter, job.train.optim, job.train.seed,
                                       load_target_head(r.target_path), r.device,
                                       r.autocast_dtype, total_steps=len(self.plans),

@@ -18,15 +18,17 @@ from pipeline.dist.fsdp import full_weights
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
-from pipeline.model.serving_format import save_drafter
+from pipeline.checkpoint import sharded
+from pipeline.checkpoint.files import load_state, out_of_memory
+from pipeline.checkpoint.host_copy import HostPool
+from pipeline.checkpoint.writer import TRAINER_FILE, AsyncSaver, SaveDone
 from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target_head
 from pipeline.model.target_init import target_init_of
 from pipeline.objective.packing import Packing
 from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
-from pipeline.training.async_save import AsyncSaver, HostPool, SaveDone
-from pipeline.training.state_io import load_state, out_of_memory
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
@@ -54,12 +56,7 @@ class DrafterWorker:
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)
         self.loaded: Optional[SlotReady] = None
         self.reducer: Optional[FlatReducer] = None
-        # Rank 0 writes the checkpoints: its host buffers are pinned in the background now,
-        # so the first save does not pay for them inside the step loop.
-        self.saver: Optional[AsyncSaver] = None
-        if rank == 0:
-            self.saver = AsyncSaver(HostPool(self._checkpoint_specs(),
-                                             pin=self.device.type == "cuda"))
+        self.saver: Optional[AsyncSaver] = None  # with the process group (init_group)
 
     # -- set-up ---------------------------------------------------------------------------
     def master_address(self) -> MasterAddress:
@@ -71,9 +68,19 @@ class DrafterWorker:
                    timeout_s=timeout_s)
         if self.trainer.options.parallel == "fsdp":
             self.trainer.shard(self.device)  # it reduces over the group itself
-            return
-        numel = sum(p.numel() for p in self.trainer.model.parameters())
-        self.reducer = FlatReducer(numel, self.device)
+        else:
+            numel = sum(p.numel() for p in self.trainer.model.parameters())
+            self.reducer = FlatReducer(numel, self.device)
+        self.saver = self._saver(sharded.checkpoint_group(timeout_s))
+
+    def _saver(self, group) -> AsyncSaver:
+        """Each fsdp rank writes its shards; of replicas, rank 0 writes (the others only plan).
+        The writing ranks' host buffers are pinned in the background now, so the first save
+        does not pay for them inside the step loop."""
+        pool = None
+        if self.trainer.sharded is not None or self.rank == 0:
+            pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda")
+        return AsyncSaver(pool, group, owner=self.rank == 0)
 
     def attach(self, handles: Sequence[RingHandle]) -> None:
         for handle in handles:
@@ -127,39 +134,48 @@ class DrafterWorker:
 
     # -- outputs --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> float:
-        """Snapshot the trainer state to host memory and write ``folder/drafter.pt`` in the
-        background; returns the seconds this held the step loop. The finished write (its
-        record, or its error) comes back in a later :class:`StepResult` or from
+        """Snapshot this rank's part of the state to host memory and write it into ``folder``
+        in the background (pipeline/checkpoint/writer.py); every rank, at a step boundary.
+        Returns the seconds this held the step loop. The finished save (its records, or its
+        error) comes back from the owner in a later :class:`StepResult` or from
         :meth:`wait_saves`; only then does the checkpoint count."""
-        if self.saver is None:  # fsdp: a rank that only helps gather the state
-            assert self.trainer.sharded is not None, "only drafter rank 0 writes checkpoints"
-            t0 = time.perf_counter()
-            self.trainer.state_dict()
-            return time.perf_counter() - t0
-        return self.saver.start(self.trainer.state_dict, Path(folder) / "drafter.pt",
-                                self.trainer.steps_done)
+        assert self.saver is not None, "init_group must run before save_checkpoint"
+        with sharded.shards_in_place(self.trainer.model, self.trainer.sharded is not None):
+            return self.saver.start(
+                lambda: sharded.drafter_state(self.trainer.model, self.trainer.optimizer),
+                self.trainer.rest_state, Path(folder), self.trainer.steps_done)
 
     def wait_saves(self) -> tuple[SaveDone, ...]:
         """Block until no checkpoint write is in flight; the ones not yet handed back."""
         return self.saver.wait() if self.saver is not None else ()
 
     def load_checkpoint(self, folder: str) -> int:
-        """Load ``drafter.pt`` without running code from it (weights_only), via the host."""
-        path = Path(folder) / "drafter.pt"
-        state = load_state(path)
+        """Load a checkpoint folder as this job shards the drafter (every rank): DCP's
+        ``drafter/`` and ``trainer.pt``, or a ``drafter.pt`` written before DCP. Nothing is
+        unpickled beyond tensors, plain containers and DCP's index (no code runs)."""
+        path = Path(folder)
         try:
-            self.trainer.load_state_dict(state)
+            if (path / sharded.LEGACY_FILE).is_file():
+                self.trainer.load_state_dict(load_state(path / sharded.LEGACY_FILE))
+            else:
+                with sharded.shards_in_place(self.trainer.model,
+                                             self.trainer.sharded is not None):
+                    sharded.load(self.trainer.model, self.trainer.optimizer, path,
+                                 self.saver.group if self.saver is not None else None)
+                self.trainer.load_rest_state(load_state(path / TRAINER_FILE))
         except (RuntimeError, MemoryError) as exc:
             if not out_of_memory(exc):
                 raise
             raise MemoryError(f"drafter {self.rank}: out of {self.device.type} memory while "
-                              f"loading {path} (the file itself checked out): {exc}") from exc
+                              f"loading {path} (its files checked out): {exc}") from exc
         return self.trainer.steps_done
 
     def _checkpoint_specs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """The big tensors of a snapshot: each weight and AdamW's two moments of it."""
-        return [(tuple(p.shape), p.dtype) for p in self.trainer.model.parameters()
-                for _ in range(3)]
+        """The big tensors of a snapshot: each weight and AdamW's two moments of it (the
+        optimizer's parameters: under fsdp this rank's shards)."""
+        params = [p for g in self.trainer.optimizer.param_groups for p in g["params"]]
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        return [(tuple(p.shape), p.dtype) for p in local for _ in range(3)]
 
     def export(self, out_dir: str, dtype: str) -> str:
         """Under fsdp every rank gathers the weights (a collective); the owner writes."""
@@ -182,7 +198,10 @@ class DrafterWorker:
         return weights_of(self.trainer.model)
 
     def close(self) -> None:
-        """Close the opened rings and leave the process group (before the targets close)."""
+        """Close the opened rings and leave the process group (before the targets close); a
+        save still being written is finished first (its collectives need the group)."""
+        if self.saver is not None:
+            self.saver.wait()
         self.reader.close()
         destroy_group()
 

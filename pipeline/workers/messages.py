@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.training.async_save import SaveDone
+from pipeline.checkpoint.writer import SaveDone
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.data import ChatDataset, DataConfig
 from pipeline.data.batching import BatchShapes, sample_lengths
-from pipeline.training.plan import ResumePoint, StepPlan, job_plan
+from pipeline.training.plan import StepPlan, job_plan
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 
 log = logging.getLogger(__name__)

@@ -6,9 +6,10 @@ from collections import Counter
 import pytest
 import torch
 
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.data import DataConfig, Sample, collate
 from pipeline.data.batching import BatchShapes, bucket_micro_batches
-from pipeline.training.plan import ResumePoint, job_plan
+from pipeline.training.plan import job_plan
 
 BUCKETS = (64, 128, 256, 512)
 

@@ -8,14 +8,15 @@ import os
 import pytest
 import torch
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
+from pipeline.checkpoint.files import load_state, save_state
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.export import export_checkpoint
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.training.config import OptimConfig
-from pipeline.training.plan import ResumePoint, job_plan
-from pipeline.training.state_io import load_state, save_state
+from pipeline.training.plan import job_plan
 from pipeline.workers.drafter_worker import DrafterWorker
 
 
@@ -175,9 +176,9 @@ def test_max_steps_below_the_steps_done_trains_nothing(small_train_file, tmp_pat
 
 _WRITER = """
 import sys, torch
-from pipeline.driver import checkpoint as ckpt
-from pipeline.training.plan import ResumePoint
-from pipeline.training.state_io import save_state
+from pipeline.checkpoint import folders as ckpt
+from pipeline.checkpoint.files import save_state
+from pipeline.checkpoint.point import ResumePoint
 out = sys.argv[1]
 for step in range(1, 10_000):
     staging = ckpt.staging_dir(out, step)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.checkpoint import folders as ckpt
 from pipeline.config import JobConfig
-from pipeline.driver import checkpoint as ckpt
 from pipeline.driver.compose import compose_job
-from pipeline.driver.contract import (CHANGEABLE, CHECKED_AS, FIXED, Contract, check_resume,
+from pipeline.checkpoint.contract import (CHANGEABLE, CHECKED_AS, FIXED, Contract, check_resume,
                                       leaves)
 from pipeline.driver.job import Driver
 from pipeline.preflight import PreflightError
@@ -169,7 +169,7 @@ def test_changeable_settings_resume_and_each_change_is_logged(run, tiny_assets, 
     moved = tmp_path / "moved.jsonl"
     shutil.copy(data, moved)
     target = _target_copy(tiny_assets, tmp_path, lambda folder: None)
-    with caplog.at_level(logging.INFO, logger="pipeline.driver.contract"):
+    with caplog.at_level(logging.INFO, logger="pipeline.checkpoint.contract"):
         driver = Driver(compose_job(_base(moved, out) + [
             "train.plan.max_steps=4", "train.eval.every=2", "train.optim.lr=1e-3",
             "cluster.drafters_per_node=2", target]))
@@ -198,7 +198,7 @@ def test_a_checkpoint_without_a_contract_is_warned_about_and_its_data_still_chec
 def test_all_checkpoints_unusable_is_one_warning_then_a_fresh_start(run, tmp_path, caplog):
     out = _copy(run, tmp_path)
     for folder in ckpt.step_folders(out):
-        (folder / "drafter.pt").write_bytes(b"torn")
+        (folder / "trainer.pt").write_bytes(b"torn")
     with caplog.at_level(logging.WARNING):
         driver = Driver(compose_job(_base(run[1], out)))
     assert driver.resume is None and driver.resume_from is None

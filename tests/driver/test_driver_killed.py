@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 

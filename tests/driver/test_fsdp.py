@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.drafter_group import FSDP_POLICY, POLICY, Dispatch, policy_for
 from pipeline.driver.job import Driver
@@ -26,8 +26,11 @@ def _logged(out_dir, key):
 
 def test_fsdp_policy_sends_gathers_to_every_rank():
     assert policy_for("replicate") is POLICY and policy_for("fsdp") is FSDP_POLICY
-    for method in ("save_checkpoint", "weights", "export"):
+    for method in ("weights", "export"):
         assert POLICY[method] is Dispatch.OWNER and FSDP_POLICY[method] is Dispatch.EVERY_RANK
+    # A DCP save is entered by every rank in both modes.
+    for method in ("save_checkpoint", "wait_saves"):
+        assert POLICY[method] is FSDP_POLICY[method] is Dispatch.EVERY_RANK
 
 
 def test_fsdp_refuses_compiled_drafters():

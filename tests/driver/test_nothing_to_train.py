@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.driver.compose import compose_job
 from pipeline.driver.finished import nothing_left
 from pipeline.training.config import PlanConfig
-from pipeline.training.plan import ResumePoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CKPT = Path("run/checkpoints/step_00000004")

@@ -11,7 +11,7 @@ import time
 import pytest
 import ray
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 

@@ -2,10 +2,10 @@
 
 import shlex
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
+from pipeline.checkpoint.files import FileRecord, sha256_file
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.driver.resume_hint import interrupted_line, resume_args
-from pipeline.training.plan import ResumePoint
-from pipeline.training.state_io import FileRecord, sha256_file
 
 
 def _checkpoint(out, step):

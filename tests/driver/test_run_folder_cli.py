@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.runlock import LOCK_NAME
 
 ROOT = Path(__file__).resolve().parents[2]

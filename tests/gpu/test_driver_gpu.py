@@ -19,7 +19,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from pipeline.driver import checkpoint as ckpt
+from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 

@@ -79,3 +79,12 @@ def test_config_with_a_last_layer_tap_is_refused():
                                                  "target_layer_ids": [1, 17, 35]})
     with pytest.raises(ExportError, match=r"target_layer_ids=\[1, 17, 35\].*0\.\.34"):
         check_config(config, "drafter")
+
+
+def test_a_rope_servers_cannot_build_stops_the_export():
+    config = dict(build_drafter_spec(qwen3_8b_config(), DrafterConfig(), 151669).hf_config)
+    check_config(config, "x")  # the published recipe's rope passes
+    config["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 1e6}
+    with pytest.raises(ExportError, match=r"rope_type='longrope': servers build the drafter's "
+                                          r"Qwen3 layers with one of \['default'"):
+        check_config(config, "x")

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol, Sequence
 
-from pipeline.training.plan import ResumePoint
-from pipeline.workers.prefetcher import PlanSummary
+from pipeline.checkpoint.point import ResumePoint
+
+
+class PlannedSteps(Protocol):
+    """What the cursor reads of a job's plan (workers/prefetcher.py's PlanSummary)."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def first_step(self) -> int: ...
+
+    @property
+    def end_step(self) -> int: ...
+
+    @property
+    def step_epochs(self) -> Sequence[int]: ...
+
+    @property
+    def step_samples(self) -> Sequence[int]: ...
 
 
 class Cursor:
     """The data cursor after each planned step: (epoch, samples of it done)."""
 
-    def __init__(self, plan: PlanSummary, resume: Optional[ResumePoint]) -> None:
+    def __init__(self, plan: PlannedSteps, resume: Optional[ResumePoint]) -> None:
         self.plan = plan
         self.num_samples = plan.num_samples
         start = resume.samples_done if resume else 0

@@ -1,21 +1,29 @@
 """Training checkpoints: durable folders that hold everything an exact resume needs.
 
-A checkpoint is ``<out_dir>/checkpoints/step_<N>/`` with ``drafter.pt`` (fp32 weights,
-optimizer and scheduler state, RNG states; written by drafter rank 0, replicas being
-identical) and ``state.json`` (steps done, the data cursor as (epoch, samples done in it),
-drafter.pt's size and sha256, the resume contract of pipeline/driver/contract.py).
+A checkpoint is ``<out_dir>/checkpoints/step_<N>/`` with
 
-Writing: drafter rank 0 writes and fsyncs drafter.pt in a staging folder (``.step_<N>.tmp-*``);
-the driver writes state.json, fsyncs it and the folder, renames the folder into place and
-fsyncs the parent. An older folder of the same name is moved aside first and deleted only
-after the rename, and ``keep_last`` prunes only after the new folder is in place, so a crash
-at any point leaves the previous checkpoint whole. A write that fails (a full disk) removes
-its staging folder at once; those a crash left behind are removed when the next job starts.
-With several nodes the out_dir must be on a filesystem that drafter rank 0 and the driver
-share.
+- ``drafter/``: the weights (fp32) and AdamW state in torch.distributed.checkpoint's format,
+  written by the drafter ranks (pipeline/checkpoint/sharded.py: each fsdp rank its shards, of
+  replicas rank 0), loadable at any world size and in either drafter.parallel mode;
+- ``trainer.pt``: scheduler state, steps done and RNG states (the owner's; the same on every
+  rank);
+- ``state.json``: steps done, the data cursor as (epoch, samples done in it), every file's
+  path, size and sha256, the resume contract of pipeline/checkpoint/contract.py.
+
+Checkpoints written before DCP hold ``drafter.pt`` (the whole state in one torch.save file)
+instead of the first two; they are read as they are (see pipeline/workers/drafter_worker.py
+load_checkpoint), at any world size and mode too.
+
+Writing: the drafters write into a staging folder (``.step_<N>.tmp-*``), fsynced; the driver
+writes state.json, fsyncs it and the folder, renames the folder into place and fsyncs the
+parent. An older folder of the same name is moved aside first and deleted only after the
+rename, and ``keep_last`` prunes only after the new folder is in place, so a crash at any
+point leaves the previous checkpoint whole. A write that fails (a full disk) removes its
+staging folder at once; those a crash left behind are removed when the next job starts. The
+out_dir must be on a filesystem that every drafter rank and the driver share.
 
 Reading: ``resume=auto`` (the default) takes the newest folder that checks out (state.json
-readable and complete, drafter.pt of the recorded size and digest) and warns about each newer
+readable and complete, every file of the recorded size and digest) and warns about each newer
 one it skips; with none usable it warns once and the job starts fresh. ``resume=null`` on an
 out_dir that holds step folders is refused: the fresh job would overwrite them.
 """
@@ -30,10 +38,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+from pipeline.checkpoint.files import FileRecord, fsync_dir, fsync_file, sha256_file
+from pipeline.checkpoint.point import ResumePoint
 from pipeline.diskfull import writing
 from pipeline.preflight import PreflightError
-from pipeline.training.plan import ResumePoint
-from pipeline.training.state_io import FileRecord, fsync_dir, fsync_file, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +104,12 @@ def finalize(staging: Path, point: ResumePoint, files: list[FileRecord], extra: 
 def _make_durable(staging: Path, state: dict[str, Any]) -> None:
     with writing(staging / "state.json"):
         (staging / "state.json").write_text(json.dumps(state, indent=2))
-    for path in staging.iterdir():
-        with writing(path):
-            fsync_file(path)
+    for path in sorted(staging.rglob("*"), reverse=True):  # files, then their folders
+        if path.is_file():
+            with writing(path):
+                fsync_file(path)
+        else:
+            fsync_dir(path)
     fsync_dir(staging)
 
 

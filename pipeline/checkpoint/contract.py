@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.checkpoint.files import sha256_file
 from pipeline.config import JobConfig
 from pipeline.model.config import resolve_init_layer_ids
 from pipeline.preflight import PreflightError
 from pipeline.resolve import ResolvedJob
-from pipeline.training.state_io import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,9 @@ FIXED = frozenset({
 # Settings a resume may change: how long, how fast, how visibly training goes on.
 CHANGEABLE = frozenset({
     # Precision and kernels: the same sums, computed another way.
-    "target.dtype", "target.compile", "drafter.attention", "drafter.compile", "drafter.parallel",
+    # target.stages: the same taps, computed by k actors holding a slice of layers each.
+    "target.dtype", "target.compile", "target.stages", "drafter.attention", "drafter.compile",
+    "drafter.parallel",
     "drafter.loss_chunk_size", "drafter.static_shapes", "train.precision",
     # Held-out prompts are eval only; on_bad_line cannot change the samples of unchanged
     # data (with "error" a bad line had stopped the first run).
@@ -69,6 +71,7 @@ CHANGEABLE = frozenset({
     "cluster.layout", "cluster.rates.target_samples_per_s",
     "cluster.rates.drafter_samples_per_s", "cluster.rates.max_length",
     "cluster.rates.micro_batch_size", "cluster.rates.profile",
+    "cluster.gpu_memory_gb",
     # The schedule: its length, and the optimizer's hyperparameters (applied on load).
     "train.plan.epochs", "train.plan.max_steps", "train.plan.stop_at_step",
     "train.plan.grad_accum", "train.optim.lr", "train.optim.warmup_ratio",

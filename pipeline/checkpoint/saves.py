@@ -1,28 +1,35 @@
 """The driver's side of checkpoints: queue a save behind a step, count it once it is written,
 verified and its step reported, and keep track of the newest one (where a restart resumes).
 
-The drafters' owner rank (pipeline/driver/drafter_group.py) snapshots its state into host
-memory and writes it in the background (pipeline/training/async_save.py); this class turns
-each finished write into a checkpoint folder (pipeline/driver/checkpoint.py).
+Every drafter rank snapshots its part of the state into host memory and writes it in the
+background (pipeline/checkpoint/writer.py); the owner rank reports the finished save, which
+covers every rank's files. This class turns each finished save into a checkpoint folder
+(pipeline/checkpoint/folders.py).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
-import ray
-
+from pipeline.checkpoint import folders as ckpt
+from pipeline.checkpoint.cursor import Cursor
+from pipeline.checkpoint.point import ResumePoint
+from pipeline.checkpoint.writer import SaveDone
 from pipeline.diskfull import DISK_FULL, disk_full_error
-from pipeline.driver import checkpoint as ckpt
-from pipeline.driver.cursor import Cursor
-from pipeline.driver.drafter_group import OWNER_LANE, DrafterGroup
-from pipeline.driver.scheduler import AfterStepCall
-from pipeline.training.async_save import SaveDone
-from pipeline.training.plan import ResumePoint
 
 log = logging.getLogger(__name__)
+
+
+class Drafters(Protocol):
+    """The drafter group as saves use it (pipeline/driver/drafter_group.py)."""
+
+    def save_checkpoint_ref(self, folder: str) -> Any:
+        """ObjectRef of the seconds the snapshot held training; the write goes on beside."""
+        ...
+
+    def wait_saves(self) -> tuple[SaveDone, ...]: ...
 
 
 class CheckpointSaves:
@@ -34,8 +41,8 @@ class CheckpointSaves:
         self.extra = extra
         self.last = last  # the newest counted checkpoint: where a restart resumes
         self.counted: list[str] = []  # every checkpoint counted, in order (see start)
-        # Writes in flight: drafter.pt path -> (staging folder, resume point).
-        self._writing: dict[str, tuple[Path, ResumePoint]] = {}
+        # Writes in flight: staging folder -> resume point.
+        self._writing: dict[str, ResumePoint] = {}
         self._steps_reported = 0
         # Written, their step not yet reported: (staging folder, resume point, the write).
         self._unreported: list[tuple[Path, ResumePoint, SaveDone]] = []
@@ -48,19 +55,19 @@ class CheckpointSaves:
         self._unreported = []
         self._steps_reported = first_step
 
-    def save_async(self, drafters: DrafterGroup, cursor: Cursor, step: int) -> AfterStepCall:
-        """Queue a checkpoint on the drafters right behind step ``step``: the state is
-        snapshot to host memory and written in the background (see :meth:`on_saved`)."""
+    def save_async(self, drafters: Drafters, cursor: Cursor, step: int) -> Any:
+        """Save at a step: queue a checkpoint on the drafters right behind step ``step``; the
+        state is snapshot to host memory and written in the background (see
+        :meth:`on_saved`). The ref of the seconds the snapshot held training; its value comes
+        back again with the save's record and is logged when the checkpoint counts."""
         staging = ckpt.staging_dir(self.out_dir, step + 1)
-        self._writing[str(staging / "drafter.pt")] = (staging, cursor.after(step))
-        ref = drafters.save_checkpoint_ref(str(staging))
-        # Its value (the seconds the snapshot held training) comes back again with the write's
-        # record and is logged by _finalize; here only its completion matters.
-        return AfterStepCall(ref, lambda held_s: None, lane=OWNER_LANE)
+        self._writing[str(staging)] = cursor.after(step)
+        return drafters.save_checkpoint_ref(str(staging))
 
     def on_saved(self, done: SaveDone) -> None:
         """A background write finished: the checkpoint counts once its step is reported."""
-        staging, point = self._writing.pop(done.path)
+        point = self._writing.pop(done.path)
+        staging = Path(done.path)
         if done.error is not None:
             raise self._failed(done, staging)
         # Renamed into place only once its step is reported: a restart resumes from the
@@ -76,10 +83,12 @@ class CheckpointSaves:
         for staging, point, done in ready:
             self._finalize(staging, point, done)
 
-    def save_now(self, drafters: DrafterGroup, cursor: Cursor) -> Path:
+    def save_now(self, drafters: Drafters, cursor: Cursor) -> Path:
         """A checkpoint of the drafters' state as it is now (the loop has stopped)."""
         staging = ckpt.staging_dir(self.out_dir, cursor.plan.end_step)
         drafters.wait_saves()  # a write still in flight is superseded
+        import ray  # here only: the package imports without Ray (a GPU bench of the writer)
+
         ray.get(drafters.save_checkpoint_ref(str(staging)))
         (done,) = drafters.wait_saves()
         if done.error is not None:
@@ -90,14 +99,14 @@ class CheckpointSaves:
         """The error a failed write raises; its staging folder (a partial file) goes first."""
         ckpt.discard(staging)
         if done.errno in DISK_FULL:
-            return disk_full_error(done.path, done.errno)
-        return RuntimeError(f"checkpoint write {done.path} failed: {done.error}; the "
-                            f"previous checkpoint ({self.last}) is intact")
+            return disk_full_error(done.file or done.path, done.errno)
+        return RuntimeError(f"checkpoint write {done.file or done.path} failed: {done.error}; "
+                            f"the previous checkpoint ({self.last}) is intact")
 
     def _finalize(self, staging: Path, point: ResumePoint, saved: SaveDone) -> Path:
         assert saved.steps_done == point.step, f"saved {saved.steps_done} steps, cursor {point}"
-        assert saved.record is not None
-        final = ckpt.finalize(staging, point, [saved.record], self.extra(), self.keep_last)
+        assert saved.records, f"a finished save of {staging} without file records"
+        final = ckpt.finalize(staging, point, list(saved.records), self.extra(), self.keep_last)
         self.counted.append(str(final))
         self.last = final
         log.info("checkpoint %s (held training %.2fs, written and verified in %.1fs beside "

@@ -1,0 +1,81 @@
+"""How long a checkpoint save holds the step loop, at the Qwen3-8B drafter's shape, without Ray.
+
+    python -m bench.checkpoint_stall --out /tmp/stall [--layers 5] [--saves 3]   # one GPU
+
+Builds the 8B recipe's drafter (5 layers at Qwen3-8B's width: 12.6 GB of fp32 weights and
+AdamW moments) on the GPU, takes one AdamW step so the moments exist, and saves it through
+the checkpoint writer the drafter workers use (pipeline/checkpoint/writer.py: a copy into
+pinned host buffers allocated beforehand, then torch.distributed.checkpoint and the owner's
+``trainer.pt`` written and hashed in a background thread), ``--saves`` times into
+``--out``. Prints one JSON line: ``stall_s`` per save (what the step loop waits for: the
+driver logs it as "held training"), ``write_s`` per save (beside training), the bytes
+written. ``--small`` runs a narrow drafter on the CPU (a check of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.checkpoint import sharded
+from pipeline.checkpoint.host_copy import HostPool
+from pipeline.checkpoint.writer import AsyncSaver
+from pipeline.model.config import DrafterConfig, build_drafter_spec, qwen3_8b_config
+from pipeline.model.drafter import DFlashDrafter
+
+
+def measure(out: Path, layers: int = 5, saves: int = 3, device: str = "cuda",
+            small: bool = False) -> dict:
+    """Stall and background time of ``saves`` saves of an 8B-shaped drafter into ``out``."""
+    target = qwen3_8b_config()
+    if small:
+        target.update(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, vocab_size=1024)
+    spec = build_drafter_spec(target, DrafterConfig(num_layers=layers, mask_token_id=0))
+    model = DFlashDrafter(spec).to(device)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optim.step()  # the moments exist, as after any training step
+    params = list(model.parameters())
+    pool = HostPool([(tuple(p.shape), p.dtype) for p in params for _ in range(3)],
+                    pin=device == "cuda")
+    pool._thread.join()  # a worker pins its buffers when its group forms, long before a save
+    saver = AsyncSaver(pool, group=None, owner=True)
+    rows = []
+    for i in range(saves):
+        folder = out / f"save_{i}"
+        shutil.rmtree(folder, ignore_errors=True)
+        t0 = time.perf_counter()
+        held = saver.start(lambda: sharded.drafter_state(model, optim),
+                           lambda: {"steps_done": i, "rng": {"cpu": torch.get_rng_state()}},
+                           folder, i)
+        (done,) = saver.wait()
+        assert done.error is None, done.error
+        rows.append({"stall_s": held, "write_s": done.write_s,
+                     "bytes": sum(r.size for r in done.records),
+                     "wall_s": time.perf_counter() - t0})
+        shutil.rmtree(folder)
+    return {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "params": sum(p.numel() for p in params), "saves": rows,
+            "stall_s": [r["stall_s"] for r in rows], "write_s": [r["write_s"] for r in rows]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--layers", type=int, default=5)
+    parser.add_argument("--saves", type=int, default=3)
+    parser.add_argument("--small", action="store_true")
+    args = parser.parse_args()
+    device = "cpu" if args.small else "cuda"
+    print(json.dumps(measure(args.out, args.layers, args.saves, device, args.small)))
+
+
+if __name__ == "__main__":
+    main()

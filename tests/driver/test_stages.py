@@ -1,0 +1,116 @@
+"""target.stages through the driver: same losses as the single-process reference, refusals
+before any actor starts, and cluster.layout=auto counting a staged target's GPUs."""
+
+import pytest
+
+from pipeline.config import ClusterConfig
+from pipeline.driver.compose import compose_job
+from pipeline.driver.job import Driver
+from pipeline.driver.launcher import check_gpu_layout
+from pipeline.driver.layout import Rates, choose_layout
+from pipeline.driver.memory import GB, CONTEXT_BYTES, _needs, check_target_memory
+from pipeline.eval.config import EvalConfig
+from pipeline.resolve import resolve_job
+from pipeline.training.single import SingleProcessTrainer
+
+BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval.every=-1",
+        "train.export_dtype=float32", "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0",
+        "train.plan.grad_accum=2", "data.micro_batch_size=2", "train.plan.max_steps=2",
+        "train.checkpoint.final=false"]
+
+
+def test_two_stages_give_the_losses_of_one(ray_cluster, small_train_file, tmp_path):
+    over = BASE + [f"data.train_path={small_train_file}"]
+    staged = compose_job(over + ["target.stages=2", f"train.out_dir={tmp_path / 'ray'}"])
+    driver = Driver(staged)
+    seen = []
+    driver.step_listeners.append(lambda _: seen.append([len(c) for c in driver.actors.chains]))
+    summary = driver.run()
+    assert seen and all(chains == [2] for chains in seen), seen  # one target of 2 stage actors
+    ref = SingleProcessTrainer(compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"]))
+    history = ref.train()
+    assert summary.steps == 2 and len(history) == 2
+    for loss, row in zip(summary.losses, history):
+        assert loss == pytest.approx(row["train/loss"], rel=1e-5)
+    assert summary.checksums_agree and summary.on_main_thread
+
+
+def test_more_stages_than_layers_is_refused(ray_cluster, tiny_assets, tmp_path):
+    # The demo drafter taps [1, 3, 5] of the tiny target: 6 layers up to the deepest tap.
+    job = compose_job(BASE + ["target.stages=7", f"train.out_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"target.stages=7 is not allowed: .* 6 decoder "
+                                         r"layers.* allowed 1..6"):
+        Driver(job).run()
+
+
+def test_a_stage_too_large_for_its_gpu_share_is_refused_naming_what_fits(tiny_assets,
+                                                                          tmp_path):
+    job = compose_job(BASE + [f"train.out_dir={tmp_path}"])
+    r = resolve_job(job, device="cuda")
+    one, two = max(n.total for n in _needs(job, r, 1)), max(n.total for n in _needs(job, r, 2))
+    assert two < one
+    # A GPU whose whole share fits two stages but not the whole target.
+    gb = (CONTEXT_BYTES + (one + two) / 2) / GB
+    for stages, refused in ((1, True), (2, False)):
+        sized = compose_job(BASE + [f"train.out_dir={tmp_path}", f"target.stages={stages}",
+                                    f"cluster.gpu_memory_gb={gb}", "cluster.gpus_per_actor=1"])
+        if not refused:
+            check_target_memory(sized, r, "cuda", [])
+            continue
+        with pytest.raises(ValueError, match=r"target.stages=1 is not allowed: stage 0 of the "
+                                             r"target needs .* GB \(weights .*allowed: "
+                                             r"target.stages >= 2"):
+            check_target_memory(sized, r, "cuda", [])
+    # The tau evaluator holds the whole target on one GPU, unstaged.
+    tiny_gpu = compose_job(BASE[:2] + BASE[3:] + [
+        f"train.out_dir={tmp_path}", "target.stages=2", "train.eval.every=0",
+        f"cluster.gpu_memory_gb={CONTEXT_BYTES / GB + 1e-4}", "cluster.gpus_per_actor=1"])
+    with pytest.raises(ValueError, match=r"train.eval.every=0 is not allowed with this target: "
+                                         r"the tau evaluator holds the whole target"):
+        check_target_memory(tiny_gpu, r, "cuda", [])
+    # On CPU only the layer count is checked.
+    check_target_memory(compose_job(BASE + [f"train.out_dir={tmp_path}",
+                                            "cluster.gpu_memory_gb=0.001"]), r, "cpu", [])
+
+
+def test_layout_auto_counts_a_staged_target_as_its_stages():
+    ev = EvalConfig(every=-1)
+    rates = Rates(10.0, 5.0)
+    choice = choose_layout(rates, 8, ev, stages=2)
+    c = choice.chosen
+    # t targets x 2 GPUs + (8 - 2t) drafters: min(10t, 5(8-2t)) is best at t=2: 20 vs 20.
+    assert (c.targets, c.drafters, c.stages, c.gpus) == (2, 4, 2, 8)
+    assert c.samples_per_s == pytest.approx(20.0)
+    assert not any(x.colocated for x in choice.candidates)
+    cluster = ClusterConfig(device="cuda", targets_per_node=c.targets,
+                            drafters_per_node=c.drafters, gpus_per_actor=c.gpus_per_actor)
+    check_gpu_layout(cluster, ev, [8], stages=2)
+    with pytest.raises(ValueError, match="do not pack"):
+        check_gpu_layout(cluster, ev, [7], stages=2)
+    with pytest.raises(ValueError, match=r"no layout on 2 GPU\(s\) per node for "
+                                         r"target.stages=2"):
+        choose_layout(rates, 2, ev, stages=2)
+
+
+def test_a_killed_stage_restarts_the_set_and_every_sample_trains_once(ray_cluster,
+                                                                      small_train_file,
+                                                                      tmp_path):
+    import ray
+
+    out = tmp_path / "run"
+    driver = Driver(compose_job(BASE[:-1] + [
+        "target.stages=2", "train.plan.max_steps=null", "train.checkpoint.every=2",
+        f"data.train_path={small_train_file}", f"train.out_dir={out}"]))
+    killed = []
+
+    def kill_stage_0(done: int) -> None:
+        if done == 3 and not killed:
+            ray.kill(driver.actors.chains[0][0])  # stage 0: the last stage's calls wait on it
+            killed.append(done)
+    driver.step_listeners.append(kill_stage_0)
+    summary = driver.run()
+    assert killed and [r.actor for r in summary.restarts] == ["target 0 stage 0 (node 0)"]
+    # Step 4 may be saved before the loss shows.
+    assert summary.restarts[0].resumed_step in (2, 4)
+    for account in summary.accounts:
+        assert account.exact, account.summary()
