@@ -153,9 +153,10 @@ def test_free_form_sections_still_take_added_keys():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["data.max_length=15"], r"data.max_length=15 .*>= 2 \* drafter.block_size \(16\)"),
+    (["drafter.block_size=8", "data.max_length=15"],
+     r"data.max_length=15 .*>= 2 \* drafter.block_size \(16\)"),
     (["drafter.block_size=16", "data.max_length=31"], r"data.max_length=31 .*\(32\)"),
-    (["data.batching=bucket", "data.buckets=[8,64,256]"],
+    (["drafter.block_size=8", "data.batching=bucket", "data.buckets=[8,64,256]"],
      r"data.buckets=\[8, 64, 256\] .*an? 8-token bucket can never hold"),
     (["data.batching=pack", "data.anchors_per_micro_batch=8", "drafter.num_anchors=64"],
      r"data.anchors_per_micro_batch=8 .*>= drafter.num_anchors \(64\)"),

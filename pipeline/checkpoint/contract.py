@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from pipeline.checkpoint.files import sha256_file
 from pipeline.config import JobConfig
+from pipeline.model.config import resolve_init_layer_ids
 from pipeline.preflight import PreflightError
 from pipeline.resolve import ResolvedJob
 
@@ -42,6 +43,9 @@ FIXED = frozenset({
     "drafter.num_layers", "drafter.block_size", "drafter.target_layer_ids",
     "drafter.num_taps",  # checked as the taps it resolves to (drafter.target_layer_ids)
     "drafter.mask_token_id", "drafter.num_anchors", "drafter.gamma",
+    # The starting weights: a resume under another init would continue from weights that
+    # init did not give.
+    "drafter.init", "drafter.init_layer_ids",
     "data.train_path",  # checked by content: data.content
     "data.format", "data.max_length", "data.max_line_bytes", "data.micro_batch_size",
     "data.batching", "data.buckets", "data.tokens_per_micro_batch",
@@ -166,6 +170,9 @@ _RESOLVED: dict[str, Callable[[JobConfig, ResolvedJob], Any]] = {
     "drafter.target_layer_ids": lambda job, r: list(r.spec.target_layer_ids),
     "drafter.mask_token_id": lambda job, r: r.spec.mask_token_id,
     "drafter.gamma": lambda job, r: job.drafter.resolved_gamma(),
+    "drafter.init_layer_ids": lambda job, r: (
+        None if job.drafter.init == "random" else
+        resolve_init_layer_ids(job.drafter, int(r.spec.hf_config["num_target_layers"]))),
 }
 
 

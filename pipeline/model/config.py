@@ -20,6 +20,9 @@ COMPILE_MODES = ("off", "default", "reduce-overhead")
 # replicate: full replicas, gradients all-reduced; fsdp: weights and AdamW state sharded with
 # FSDP2 (pipeline/dist/fsdp.py).
 PARALLEL_MODES = ("replicate", "fsdp")
+# random: every weight drawn from the seed; target_layers: the decoder layers (and final
+# norm) copied from the target's last layers, fc and hidden_norm random (model/target_init.py).
+INIT_MODES = ("random", "target_layers")
 
 
 @dataclass
@@ -43,6 +46,10 @@ class DrafterConfig:
     # CUDA graphs need, at the cost of computing padding.
     static_shapes: bool = False
     parallel: str = "replicate"  # one of PARALLEL_MODES
+    init: str = "random"  # one of INIT_MODES
+    # With init=target_layers: the target layer each drafter layer is copied from, one id per
+    # drafter layer; None: the target's last num_layers layers, in order.
+    init_layer_ids: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
@@ -54,6 +61,13 @@ class DrafterConfig:
         require_choice("drafter.attention", self.attention, ATTENTION)
         require_choice("drafter.compile", self.compile, COMPILE_MODES)
         require_choice("drafter.parallel", self.parallel, PARALLEL_MODES)
+        require_choice("drafter.init", self.init, INIT_MODES)
+        if self.init_layer_ids is not None:
+            require(self.init == "target_layers", "drafter.init_layer_ids",
+                    self.init_layer_ids, "null unless drafter.init=target_layers")
+            require(len(self.init_layer_ids) == self.num_layers,
+                    "drafter.init_layer_ids", self.init_layer_ids,
+                    f"one target layer id per drafter layer ({self.num_layers})")
         # FSDP2 swaps parameter storage between shards and gathered copies, which compiled
         # graphs (and CUDA graphs above all) would capture; not supported yet.
         require(self.parallel == "replicate" or self.compile == "off", "drafter.compile",
@@ -98,6 +112,21 @@ def resolve_tap_ids(cfg: DrafterConfig, num_target_layers: int) -> list[int]:
     return list(ids)
 
 
+def resolve_init_layer_ids(cfg: DrafterConfig, num_target_layers: int) -> list[int]:
+    """The target layers drafter.init=target_layers copies, checked against the target."""
+    if cfg.num_layers > num_target_layers:
+        raise ValueError(f"drafter.init=target_layers needs drafter.num_layers={cfg.num_layers} "
+                         f"<= the target's {num_target_layers} layers")
+    ids = cfg.init_layer_ids
+    if ids is None:
+        return list(range(num_target_layers - cfg.num_layers, num_target_layers))
+    bad = [i for i in ids if not 0 <= i < num_target_layers]
+    if bad:
+        raise ValueError(f"drafter.init_layer_ids={list(ids)} has ids {bad} outside the "
+                         f"target's {num_target_layers} layers: allowed 0..{num_target_layers - 1}")
+    return list(ids)
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
     """The resolved drafter: HF config dict plus the fields the code reads often."""
@@ -132,6 +161,8 @@ def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
     num_target_layers = int(target_config["num_hidden_layers"])
     vocab = fields["vocab_size"]
     taps = resolve_tap_ids(cfg, num_target_layers)
+    if cfg.init == "target_layers":
+        resolve_init_layer_ids(cfg, num_target_layers)  # refused here, before any actor starts
     mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer_mask_id
     if mask_id is None:
         raise ValueError("drafter.mask_token_id=null and the tokenizer has no mask token: "
@@ -176,4 +207,5 @@ def hf_qwen3_config(hf_config: dict) -> Any:
 
 
 __all__ = ["DrafterConfig", "DrafterSpec", "build_drafter_spec", "default_tap_ids",
+           "resolve_init_layer_ids",
            "default_gamma", "resolve_tap_ids", "qwen3_8b_config", "hf_qwen3_config"]

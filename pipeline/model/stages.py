@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from pipeline.model.target import _weight_files, decoder_layers
+from pipeline.model.target import weight_files, decoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def load_target_stage(path: Union[str, Path], tap_ids: Sequence[int], stage: int
 def _load_slice(model: nn.Module, path: Path, plan: StagePlan, device: torch.device,
                 dtype: torch.dtype) -> bool:
     """Read the stage's tensors from the safetensors onto ``device``; False if names differ."""
-    files = _weight_files(path)
+    files = weight_files(path)
     wanted = {name: checkpoint_name(name, plan) for name in model.state_dict()}
     if any(source not in files for source in wanted.values()):
         return False
@@ -236,7 +236,7 @@ def tensor_numels(path: Path) -> dict[str, int]:
     import math
 
     numels: dict[str, int] = {}
-    files = _weight_files(path)
+    files = weight_files(path)
     for file in set(files.values()):
         with safe_open(str(file), "pt") as f:
             for name in f.keys():

@@ -106,7 +106,7 @@ class TargetHead:
                           self.embed_scale)
 
 
-def _weight_files(path: Path) -> dict[str, Path]:
+def weight_files(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -129,7 +129,7 @@ def _find(files: dict[str, Path], suffixes: Sequence[str]) -> str | None:
 def load_target_head(path: Union[str, Path]) -> TargetHead:
     """Read only the embedding and LM head from the target's safetensors (tied heads too)."""
     path = Path(path)
-    files = _weight_files(path)
+    files = weight_files(path)
     embed_name = _find(files, ["model.embed_tokens.weight", "embed_tokens.weight"])
     head_name = _find(files, ["lm_head.weight"])
     if embed_name is None:

@@ -18,6 +18,7 @@ from pipeline.dist import fsdp
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
+from pipeline.model.target_init import TargetInit, apply_target_init
 from pipeline.objective.loss import LossParts
 from pipeline.objective.packing import Packing, pack_anchors, pack_rows
 from pipeline.objective.step import Objective, drafter_loss
@@ -38,17 +39,23 @@ class StepOutcome:
     skipped: bool       # non-finite loss or gradient: no update, on every replica alike
 
 
-def build_drafter(spec: DrafterSpec, seed: int, device: str) -> DFlashDrafter:
-    """Random init on CPU from ``seed``: every replica and the reference start identical."""
+def build_drafter(spec: DrafterSpec, seed: int, device: str,
+                  init: Optional[TargetInit] = None) -> DFlashDrafter:
+    """Random init on CPU from ``seed``, then ``init``'s target layers copied over it (if
+    any): every replica and the reference start identical."""
     torch.manual_seed(seed)
-    return DFlashDrafter(spec).to(device)
+    model = DFlashDrafter(spec)
+    if init is not None:
+        apply_target_init(model, init)
+    return model.to(device)
 
 
 class DrafterTrainer:
     def __init__(self, spec: DrafterSpec, options: DrafterConfig, optim: OptimConfig,
                  seed: int, head: TargetHead, device: str,
                  autocast_dtype: Optional[torch.dtype], total_steps: int,
-                 packing: Optional[Packing] = None) -> None:
+                 packing: Optional[Packing] = None, init: Optional[TargetInit] = None) -> None:
+        """``init``: drafter.init=target_layers resolved (model/target_init.py); None: random."""
         self.spec = spec
         self.packing = packing  # data.batching=pack: rows run as one sequence (packing.py)
         self.options = options
@@ -57,7 +64,7 @@ class DrafterTrainer:
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.head = head.to(device, autocast_dtype or torch.float32)
-        self.model = build_drafter(spec, seed, device)
+        self.model = build_drafter(spec, seed, device, init)
         # Gradients get buffers of their own for the whole run. Under CUDA graphs
         # (compile=reduce-overhead) a first backward would otherwise adopt the graph's output
         # memory as .grad, and the next micro-batch's replay would overwrite it before the

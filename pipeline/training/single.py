@@ -20,6 +20,7 @@ from pipeline.job_data import load_job_data
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.stages import load_staged_target
 from pipeline.model.target import load_target, load_target_head
+from pipeline.model.target_init import target_init_of
 from pipeline.resolve import ResolvedJob, resolve_job
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.training.metrics import StepTotals, metrics_dict
@@ -44,7 +45,8 @@ class SingleProcessTrainer:
         self.drafter = DrafterTrainer(r.spec, job.drafter, job.train.optim, job.train.seed,
                                       load_target_head(r.target_path), r.device,
                                       r.autocast_dtype, total_steps=len(self.plans),
-                                      packing=packing_of(job))
+                                      packing=packing_of(job),
+                                      init=target_init_of(job.drafter, r.spec, r.target_path))
         self.shapes = batch_shapes(job)
         self._full_target = None  # loaded on the first tau evaluation
 

@@ -25,6 +25,7 @@ from pipeline.checkpoint.writer import TRAINER_FILE, AsyncSaver, SaveDone
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target_head
+from pipeline.model.target_init import target_init_of
 from pipeline.objective.packing import Packing
 from pipeline.training.config import OptimConfig
 from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
@@ -48,7 +49,8 @@ class DrafterWorker:
         self.world_size = world_size
         self.device = actor_device(device)
         self.trainer = DrafterTrainer(spec, options, optim, seed, load_target_head(target_path),
-                                      self.device.type, autocast_dtype, total_steps, packing)
+                                      self.device.type, autocast_dtype, total_steps, packing,
+                                      init=target_init_of(options, spec, target_path))
         # Rings of another node are refused: neither CUDA IPC nor shared memory crosses nodes.
         self.reader = RingReader(self.device, node_id=current_node_id())
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)

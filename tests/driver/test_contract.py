@@ -107,20 +107,24 @@ def _data(run, tmp_path) -> str:
 
 # (what changes, the overrides that change it, the refusal's "key old -> new" parts)
 REFUSED = [
-    ("model shape", ["drafter.num_layers=3"], ["drafter.num_layers 2 -> 3"]),
+    # The target layers init copies follow num_layers: the resolved ids are what counts.
+    ("model shape", ["drafter.num_layers=3"],
+     ["drafter.num_layers 2 -> 3", "drafter.init_layer_ids [6, 7] -> [5, 6, 7]"]),
     ("taps", ["drafter.num_taps=2"], ["drafter.target_layer_ids [1, 3, 5] -> [1, 5]"]),
     ("taps", ["drafter.target_layer_ids=[1,2,3]"],
      ["drafter.target_layer_ids [1, 3, 5] -> [1, 2, 3]"]),
     # gamma's default follows the block size: the resolved value is what counts.
-    ("block size", ["drafter.block_size=4"],
-     ["drafter.block_size 8 -> 4", "drafter.gamma 4.0 -> 1.74"]),
+    ("block size", ["drafter.block_size=8", "drafter.gamma=null"],
+     ["drafter.block_size 4 -> 8", "drafter.gamma 1.0 -> 4.0"]),
     ("objective", ["drafter.num_anchors=16", "drafter.gamma=2.0"],
-     ["drafter.num_anchors 32 -> 16", "drafter.gamma 4.0 -> 2.0"]),
+     ["drafter.num_anchors 96 -> 16", "drafter.gamma 1.0 -> 2.0"]),
+    ("init", ["drafter.init=random"],
+     ['drafter.init "target_layers" -> "random"', "drafter.init_layer_ids [6, 7] -> null"]),
     ("mask token", ["drafter.mask_token_id=5"], ["drafter.mask_token_id 3 -> 5"]),
     ("seed", ["train.seed=1"], ["train.seed 0 -> 1"]),
     ("sample order", ["data.seed=7"], ["data.seed 0 -> 7"]),
     ("max_length", ["data.max_length=128"], ["data.max_length 256 -> 128"]),
-    ("batching", ["data.micro_batch_size=2"], ["data.micro_batch_size 4 -> 2"]),
+    ("batching", ["data.micro_batch_size=4"], ["data.micro_batch_size 2 -> 4"]),
     ("batching", ["data.batching=bucket"], ['data.batching "pad" -> "bucket"']),
     ("batching", ["data.batching=bucket", "data.buckets=[64,256]"], ['data.batching "pad"']),
     ("data format", ["data.enable_thinking=false", "data.format=messages"],
@@ -172,7 +176,7 @@ def test_changeable_settings_resume_and_each_change_is_logged(run, tiny_assets, 
     assert driver.resume.step == 2
     lines = [r.getMessage() for r in caplog.records]
     for change in ("train.plan.max_steps changed: 2 -> 4", "train.eval.every changed: -1 -> 2",
-                   "train.optim.lr changed: 0.003 -> 0.001",
+                   "train.optim.lr changed: 0.01 -> 0.001",
                    "cluster.drafters_per_node changed: 1 -> 2"):
         assert sum(change in line for line in lines) == 1, (change, lines)
 
@@ -185,7 +189,7 @@ def test_a_checkpoint_without_a_contract_is_warned_about_and_its_data_still_chec
         state["data_fingerprint"] = state.pop("contract")["fixed"]["data.content"]
         (folder / "state.json").write_text(json.dumps(state))
     with caplog.at_level(logging.WARNING):
-        assert Driver(compose_job(_base(run[1], out) + ["drafter.block_size=4"])).resume.step == 2
+        assert Driver(compose_job(_base(run[1], out) + ["drafter.block_size=8"])).resume.step == 2
     assert "written before resumes were checked" in caplog.text
     with pytest.raises(PreflightError, match="data.content"):
         Driver(compose_job(_base(run[1], out) + [_data(run, tmp_path)]))

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
+from pipeline.model.target_init import target_init_of
 from pipeline.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
 from pipeline.training.single import SingleProcessTrainer
@@ -20,10 +21,11 @@ def _weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
+@pytest.mark.parametrize("init", ["random", "target_layers"])
 def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, small_train_file,
-                                                               tmp_path):
+                                                               tmp_path, init):
     over = BASE + ["train.plan.grad_accum=3", "data.micro_batch_size=1", "train.plan.max_steps=2",
-                   f"data.train_path={small_train_file}"]
+                   f"data.train_path={small_train_file}", f"drafter.init={init}"]
     ray_job = compose_job(over + [f"train.out_dir={tmp_path / 'ray'}"])
     summary = Driver(ray_job).run()
     ref_job = compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"])
@@ -35,7 +37,10 @@ def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, smal
     assert summary.checksums_agree, "drafter replicas diverged"
     ray_w, ref_w = _weights(tmp_path / "ray" / "export"), _weights(tmp_path / "ref" / "export")
     assert ray_w.keys() == ref_w.keys()
-    initial = build_drafter(resolve_job(ref_job).spec, ref_job.train.seed, "cpu").state_dict()
+    r = resolve_job(ref_job)
+    start = target_init_of(ref_job.drafter, r.spec, r.target_path)
+    assert (start is None) == (init == "random")
+    initial = build_drafter(r.spec, ref_job.train.seed, "cpu", start).state_dict()
     # The update (weights minus their common init) over all parameters at once. Per element
     # the fp32 weights themselves limit the comparison (a norm weight near 1.0 is stored to
     # ~6e-8, a sizeable share of a 1e-3 step), so the whole update is compared by norm.

@@ -19,7 +19,7 @@ def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "export" / "model.safetensors").exists()
     config = json.loads((out / "export" / "config.json").read_text())
-    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 4
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]

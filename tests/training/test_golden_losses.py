@@ -43,7 +43,8 @@ SETUP = ["cluster.device=cpu", "cluster.drafters_per_node=2", "target.dtype=floa
          "train.precision=fp32", "data.micro_batch_size=2", "data.max_length=256",
          "data.seed=0", "data.format=auto", "drafter.num_layers=2", "drafter.block_size=8",
          "drafter.num_taps=3", "drafter.num_anchors=32", "drafter.attention=sdpa",
-         "drafter.compile=off", f"drafter.mask_token_id={MASK_ID}", "train.seed=0",
+         "drafter.compile=off", f"drafter.mask_token_id={MASK_ID}",
+         "drafter.gamma=null", "drafter.init=random", "train.seed=0",
          "train.plan.epochs=1", "train.plan.max_steps=5", "train.plan.grad_accum=1",
          "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0", "train.optim.min_lr_ratio=0.0",
          "train.optim.weight_decay=0.0", "train.optim.grad_clip=1.0", "train.eval.every=-1"]
