@@ -23,6 +23,8 @@ PARALLEL_MODES = ("replicate", "fsdp")
 # random: every weight drawn from the seed; target_layers: the decoder layers (and final
 # norm) copied from the target's last layers, fc and hidden_norm random (model/target_init.py).
 INIT_MODES = ("random", "target_layers")
+# Targets whose decoder layers are the drafter's own kind (Qwen3 layers), for target_layers.
+INIT_FAMILIES = ("qwen3",)
 
 
 @dataclass
@@ -161,8 +163,15 @@ def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
     num_target_layers = int(target_config["num_hidden_layers"])
     vocab = fields["vocab_size"]
     taps = resolve_tap_ids(cfg, num_target_layers)
-    if cfg.init == "target_layers":
-        resolve_init_layer_ids(cfg, num_target_layers)  # refused here, before any actor starts
+    if cfg.init == "target_layers":  # refused here, before any actor starts
+        # Copying by parameter name is only sound where the target's layer is the drafter's
+        # kind: Gemma's norms, say, share Qwen3's names but scale by (1 + weight).
+        if target_config.get("model_type") not in INIT_FAMILIES:
+            raise ValueError(f"drafter.init=target_layers: the target's layers "
+                             f"(model_type={target_config.get('model_type')!r}) are not the "
+                             f"drafter's Qwen3 layers; allowed for model_type in "
+                             f"{list(INIT_FAMILIES)}, else drafter.init=random")
+        resolve_init_layer_ids(cfg, num_target_layers)
     mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer_mask_id
     if mask_id is None:
         raise ValueError("drafter.mask_token_id=null and the tokenizer has no mask token: "

@@ -105,3 +105,11 @@ def test_layer_ids_are_checked_against_the_target(target_config, over, message):
     with pytest.raises(ValueError, match=message):
         build_drafter_spec(target_config, DrafterConfig(**{**OPTIONS, "init": "target_layers",
                                                            **over}))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_targets_of_other_layer_kinds_are_refused(target_config, model_type):
+    """Gemma's layers carry Qwen3's parameter names but not its norms: refused by family."""
+    with pytest.raises(ValueError, match=rf"model_type='{model_type}'.*drafter.init=random"):
+        build_drafter_spec({**target_config, "model_type": model_type},
+                           DrafterConfig(**{**OPTIONS, "init": "target_layers"}))
