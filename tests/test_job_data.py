@@ -51,9 +51,9 @@ def test_the_first_bad_line_is_the_refusal(tmp_path, demo_lines):
 def test_no_usable_sample_is_refused_with_the_counts(tmp_path, lines, counts):
     with pytest.raises(PreflightError) as e:
         _load(tmp_path, lines, "data.on_bad_line=skip")
-    message = str(e.value)
+    message, least = str(e.value), 2 * compose_job([]).drafter.block_size
     assert message.startswith(f"data.train_path='{tmp_path / 'train.jsonl'}': no usable sample "
-                              f"(each needs >= 16 supervised tokens") and counts in message
+                              f"(each needs >= {least} supervised tokens") and counts in message
 
 
 def test_skip_keeps_the_good_lines_and_their_ids(tmp_path, demo_lines):

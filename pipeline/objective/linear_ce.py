@@ -44,6 +44,15 @@ def _terms_fn(device_type: str):
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, weights, chunk_size):
+        # The products run in the head's dtype, chosen here: autocast would recast them and
+        # the gradient buffer (the head's dtype) would no longer match (a bf16 autocast over
+        # an fp32 head).
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _LinearCrossEntropy._forward(ctx, hidden, weight, labels, weights,
+                                                chunk_size)
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, labels, weights, chunk_size):
         terms = _terms_fn(hidden.device.type)
         h = hidden.to(weight.dtype)
         want_grad = ctx.needs_input_grad[0]

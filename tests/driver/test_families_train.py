@@ -20,8 +20,9 @@ from pipeline.driver.job import Driver
 from pipeline.training.single import SingleProcessTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
-# Cheap: one drafter, two steps, tau on two prompts before and after training.
-BASE = ["cluster.drafters_per_node=1", "cluster.cpus_per_actor=0.5", "train.plan.max_steps=2",
+# Cheap: one drafter, two steps, tau on two prompts before and after training. The demo's
+# drafter.init=target_layers is for Qwen3 layers only: these targets start from random.
+BASE = ["drafter.init=random", "cluster.drafters_per_node=1", "cluster.cpus_per_actor=0.5", "train.plan.max_steps=2",
         "data.micro_batch_size=2", "train.export_dtype=float32", "train.optim.lr=1e-3",
         "train.optim.warmup_ratio=0.0", "train.eval.every=0", "train.eval.prompts=2",
         "train.eval.max_new_tokens=6"]
@@ -58,7 +59,7 @@ def test_gemma3_through_the_cli(family_target, small_train_file, tiny_assets, tm
     """The family that failed while the drafter was built (issue 24): trained, evaluated and
     exported by ``python -m pipeline.train target.path=...``."""
     out = tmp_path / "run"
-    proc = _cli(["cluster.drafters_per_node=1", "train.plan.max_steps=3",
+    proc = _cli(["drafter.init=random", "cluster.drafters_per_node=1", "train.plan.max_steps=3",
                  "train.eval.prompts=2", "train.eval.max_new_tokens=8",
                  f"target.path={family_target('gemma3_text')}",
                  f"data.train_path={small_train_file}", f"train.out_dir={out}"],

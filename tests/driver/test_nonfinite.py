@@ -98,8 +98,9 @@ def nan_target(tiny_assets, tmp_path_factory):
 def test_nonfinite_steps_in_a_row_stop_the_job_after_saving_the_last_good_state(
         ray_cluster, small_train_file, nan_target, tmp_path, caplog):
     out = tmp_path / "run"
-    job = compose_job(["cluster.cpus_per_actor=0.5", "train.eval.every=-1",
-                       "data.micro_batch_size=2", f"data.train_path={small_train_file}",
+    # drafter.init=random: the seeded initial weights are then build_drafter's below.
+    job = compose_job(["drafter.init=random", "cluster.cpus_per_actor=0.5",
+                       "train.eval.every=-1", "data.micro_batch_size=2", f"data.train_path={small_train_file}",
                        f"target.path={nan_target}", f"train.out_dir={out}",
                        "train.recovery.max_nonfinite_in_row=2", "train.plan.max_steps=6"])
     driver = Driver(job)

@@ -93,7 +93,7 @@ def check_fused_memory(q, k, v, mask, on_cuda):
 
 def drafter_model(device):
     """A 2-layer drafter with head_dim 64 (flex's Triton kernels need >= 16)."""
-    target = {"vocab_size": 128, "hidden_size": 256, "intermediate_size": 512,
+    target = {"model_type": "qwen3", "vocab_size": 128, "hidden_size": 256, "intermediate_size": 512,
               "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
               "rope_theta": 10000.0, "attention_bias": False, "hidden_act": "silu",

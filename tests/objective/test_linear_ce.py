@@ -41,3 +41,20 @@ def test_frozen_head_gets_no_gradient_and_empty_rows_give_zero():
     zero, hits = linear_cross_entropy(empty, weight, torch.zeros(0, dtype=torch.long),
                                       torch.zeros(0), 2)
     assert zero.item() == 0.0 and hits.numel() == 0
+
+
+def test_an_fp32_head_under_bf16_autocast_keeps_its_precision():
+    """Autocast must not recast the head's products: the H200 families test hit a dtype clash
+    (bf16 features, fp32 head) in the gradient buffer. Reference: fp32 logits of bf16 rows."""
+    torch.manual_seed(0)
+    hidden = torch.randn(10, 16, dtype=torch.bfloat16, requires_grad=True)
+    head, labels = torch.randn(50, 16), torch.randint(0, 50, (10,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        numerator, _ = linear_cross_entropy(hidden, head, labels, torch.ones(10), 4)
+    numerator.backward()
+    reference = hidden.detach().float().requires_grad_()
+    want = F.cross_entropy(reference @ head.t(), labels, reduction="sum")
+    want.backward()
+    assert numerator.dtype == torch.float32 and hidden.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(numerator, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(hidden.grad.float(), reference.grad, rtol=1e-2, atol=1e-2)
