@@ -28,7 +28,15 @@ BASE = ["drafter.init=random", "cluster.drafters_per_node=1", "cluster.cpus_per_
         "train.eval.max_new_tokens=6"]
 
 
-@pytest.mark.parametrize("model_type", FAMILY_TARGETS)
+# Through Ray, the families whose pipeline path differs from Qwen3's: MoE layers under the tap
+# hooks, the hybrid cache's recompute rollback, MLA heads. The others (Llama, Mistral, gpt-oss)
+# differ only in what tests/model/test_families.py checks without Ray (config fields, taps,
+# lossless speculative decoding, the export); Gemma 3 runs through the CLI below. CI time.
+THROUGH_RAY = ("qwen3_moe", "qwen3_5_text", "deepseek_v3")
+assert set(THROUGH_RAY) <= set(FAMILY_TARGETS)
+
+
+@pytest.mark.parametrize("model_type", THROUGH_RAY)
 def test_family_trains_like_the_reference_and_evaluates(ray_cluster, family_target,
                                                         small_train_file, model_type, tmp_path):
     over = BASE + [f"target.path={family_target(model_type)}",
