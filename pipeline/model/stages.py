@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from pipeline.model.target import weight_files, decoder_layers
+from pipeline.model.target import capture_outputs, decoder_layers, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,10 @@ class TargetStage(nn.Module):
         self.plan = plan
         layers = decoder_layers(model)
         assert len(layers) == plan.end - plan.start, (len(layers), plan)
-        self._captured: dict[int, torch.Tensor] = {}
-        for _, layer_id in plan.columns():
-            layers[layer_id - plan.start].register_forward_hook(self._make_hook(layer_id))
+        self._captured = capture_outputs({layer_id: layers[layer_id - plan.start]
+                                          for _, layer_id in plan.columns()})
         decoder = model.get_decoder()
         self._decoder = torch.compile(decoder, dynamic=None) if compile else decoder
-
-    def _make_hook(self, layer_id: int):
-        def hook(_module, _inputs, output):
-            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
-        return hook
 
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:

@@ -29,6 +29,21 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def capture_outputs(layers: dict[int, nn.Module]) -> dict[int, torch.Tensor]:
+    """Forward hooks that keep each layer's latest output under its id, in the returned dict
+    (HF decoder layers return a tensor or a tuple led by it)."""
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook_for(layer_id: int):
+        def hook(_module, _inputs, output):
+            captured[layer_id] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    for layer_id, layer in layers.items():
+        layer.register_forward_hook(hook_for(layer_id))
+    return captured
+
+
 class TargetFeatures(nn.Module):
     """Wraps an HF causal LM cut after its deepest tap and returns concatenated tap features.
 
@@ -50,16 +65,9 @@ class TargetFeatures(nn.Module):
                              f"but it has {len(layers)} layers: load it with load_target")
         self.model = model
         self.tap_ids = tuple(tap_ids)
-        self._captured: dict[int, torch.Tensor] = {}
-        for i in set(self.tap_ids):
-            layers[i].register_forward_hook(self._make_hook(i))
+        self._captured = capture_outputs({i: layers[i] for i in set(self.tap_ids)})
         decoder = model.get_decoder()
         self._decoder = torch.compile(decoder, dynamic=None) if compile else decoder
-
-    def _make_hook(self, index: int):
-        def hook(_module, _inputs, output):
-            self._captured[index] = output[0] if isinstance(output, tuple) else output
-        return hook
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
