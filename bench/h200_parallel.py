@@ -95,5 +95,12 @@ def main(argv=None) -> dict:
     return result
 
 
+def failures(result: dict) -> list[str]:
+    """The parts whose run failed (their figures are absent, not zero)."""
+    return [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
+
+
 if __name__ == "__main__":
-    main()
+    failed = failures(main())
+    if failed:
+        raise SystemExit(f"bench.h200_parallel: {', '.join(failed)} failed; see their logs")
