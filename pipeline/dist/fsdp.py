@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict,
                                                      set_model_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import DeviceMesh
@@ -94,26 +93,9 @@ class ShardedReducer:
         return total
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """The unsharded model and optimizer state on CPU, in the replicated path's format
-    (``optimizer.state_dict()``'s integer ids). A collective every rank enters; rank 0 gets
-    the state, the others empty dicts."""
-    scatter(model)
-    weights = get_model_state_dict(model, options=_FULL)
-    optim = get_optimizer_state_dict(model, optimizer, options=_FULL)
-    gather(model)
-    if not optim:
-        return weights, optim
-    ids = {fqn: i for i, fqn in enumerate(f for g in optim["param_groups"] for f in g["params"])}
-    return weights, {
-        "state": {ids[fqn]: s for fqn, s in optim["state"].items()},
-        "param_groups": [{**g, "params": [ids[f] for f in g["params"]]}
-                         for g in optim["param_groups"]]}
-
-
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict,
                     optim: dict) -> None:
-    """Load a full state (as :func:`full_state` gives it) that every rank has read."""
+    """Load a whole state in the format before DCP (drafter.pt) that every rank has read."""
     scatter(model)
     fqn_of = {id(p): n for n, p in model.named_parameters()}
     fqns = [fqn_of[id(p)] for g in optimizer.param_groups for p in g["params"]]

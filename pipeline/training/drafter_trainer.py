@@ -163,12 +163,11 @@ class DrafterTrainer:
         return StepOutcome(denominator, norm, skipped)
 
     def state_dict(self) -> dict:
-        """Everything an exact resume needs from this replica, whole (weights in fp32)."""
-        if self.sharded is not None:  # gathered whole, in the replicated format: a collective
-            weights, optim = fsdp.full_state(self.model, self.optimizer)
-        else:
-            weights, optim = self.model.state_dict(), self.optimizer.state_dict()
-        return {"model": weights, "optimizer": optim, **self.rest_state()}
+        """A replica's whole state in the format before DCP (drafter.pt; checkpoints are
+        written by pipeline/checkpoint/sharded.py now, this reads back as they did)."""
+        assert self.sharded is None, "a sharded drafter's state is saved through DCP"
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                **self.rest_state()}
 
     def rest_state(self) -> dict:
         """What a resume needs beside the weights and AdamW state: the same on every rank."""
