@@ -21,8 +21,9 @@ from bench.scale.synthetic import write_chats
 
 def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 1,
                  target_compile: bool = True, drafter_compile: str = "default",
-                 name: str = "", extra: tuple[str, ...] = ()) -> dict:
-    """``name`` tells runs of one shape apart (folder and log); ``extra``: more overrides."""
+                 name: str = "", extra: tuple[str, ...] = (), target: Path | None = None) -> dict:
+    """``name`` tells runs of one shape apart (folder and log); ``extra``: more overrides;
+    ``target``: the target folder (default: the random Qwen3-8B under ``work``)."""
     data = write_chats(work / "chats_A.jsonl", count=4 * steps + 64, prompt_words=190,
                        answer_words=590)
     tag = f"{gpus}gpu{'_' + name if name else ''}"
@@ -32,7 +33,7 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
     cluster = ["cluster=one_gpu"] if gpus == 1 else [
         "cluster=one_gpu", "cluster.gpus_per_actor=1"]
     cmd = [sys.executable, "-m", "pipeline.train", "--config-name", "qwen3_8b",
-           f"target.path={work / 'qwen3-8b-random'}", f"data.train_path={data}",
+           f"target.path={target or work / 'qwen3-8b-random'}", f"data.train_path={data}",
            f"data.heldout_path={data}", "data.max_length=800", "data.micro_batch_size=4",
            "drafter.num_anchors=256", f"target.compile={target_compile}",
            f"drafter.compile={drafter_compile}", *cluster, "logger=none", "train.eval.every=-1",

@@ -21,8 +21,6 @@ def build_target(out: Path, config: dict | None = None) -> Path:
     """Random bf16 Qwen3 with Qwen3-8B's exact architecture, plus a small word tokenizer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from pipeline.assets.tokenizer import build_tokenizer
-
     if (out / "config.json").exists():
         return out
     cfg = Qwen3Config(**{k: v for k, v in (config or qwen3_8b_config()).items()
@@ -32,9 +30,15 @@ def build_target(out: Path, config: dict | None = None) -> Path:
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
     del model
-    words = _words()
-    build_tokenizer([" ".join(words)] * 4, vocab_size=4096).save_pretrained(out)
+    word_tokenizer().save_pretrained(out)
     return out
+
+
+def word_tokenizer():
+    """A small BPE tokenizer whose tokens are whole words of write_chats's vocabulary."""
+    from pipeline.assets.tokenizer import build_tokenizer
+
+    return build_tokenizer([" ".join(_words())] * 4, vocab_size=4096)
 
 
 def _words() -> list[str]:

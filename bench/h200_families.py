@@ -1,0 +1,148 @@
+"""Other target families at their published shapes on one H200: the co-located pipeline
+(cluster=one_gpu, shape A: 4 x 800 tokens, 256 anchors), as a user runs it.
+
+    python -m bench.h200_families --out docs/bench                       # llama, gpt_oss
+    python -m bench.h200_families --families gpt_oss --out /tmp/b        # a subset; keys merge
+
+Each target is a random-weight model of its family with every layer of the published config
+(Llama-3.1-8B; gpt-oss-20b, a MoE that fits one H200 in bf16), built by transformers,
+``save_pretrained`` with a tokenizer carrying the family's chat format and read back by the
+pipeline's loading code. The drafter is the Qwen3-8B recipe's (5 layers, block 16) derived
+from the target's config, its taps spread by the default rule. Per family, into
+``<out>/h200_families.json``: ``samples_per_s``, ``target_busy``, ``drafter_busy``,
+``peak_mem_gb`` (the GPU's memory in use at its highest, both actors, sampled by nvidia-smi)
+and the drafter's own peak, with the experts path transformers chose for MoE targets. A
+target that fails to compile is run again eager, and the json says so. Each target is deleted
+after its run (the disk holds one at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+# The published config.json of each checkpoint named, every layer kept.
+SHAPES = {
+    "llama": ("Llama-3.1-8B", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rms_norm_eps=1e-5,
+        max_position_embeddings=131072, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192})),
+    "gpt_oss": ("gpt-oss-20b", dict(
+        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_local_experts=32,
+        num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        vocab_size=201088, sliding_window=128, max_position_embeddings=131072,
+        layer_types=["sliding_attention", "full_attention"] * 12)),
+}
+
+
+def build(model_type: str, out: Path) -> dict:
+    """Random bf16 weights of ``model_type``'s published shape, built on the GPU, saved."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bench.scale.synthetic import word_tokenizer
+    from pipeline.assets.templates import family_tokenizer
+
+    tokenizer = family_tokenizer(word_tokenizer(), model_type)
+    config = AutoConfig.for_model(model_type, pad_token_id=tokenizer.pad_token_id,
+                                  bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, **SHAPES[model_type][1])
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    info = {"params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+            "attention": model.config._attn_implementation,
+            "experts": getattr(model.config, "_experts_implementation", None)}
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    return {**info, "build_s": time.perf_counter() - t0}
+
+
+class GpuMemory:
+    """The highest GPU memory in use while open, sampled by nvidia-smi every half second."""
+
+    def __init__(self) -> None:
+        self.peak_gb, self._stop = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+                                       "--format=csv,noheader,nounits"], capture_output=True,
+                                      text=True, check=True).stdout.split()
+            except (OSError, subprocess.CalledProcessError):
+                return
+            self.peak_gb = max(self.peak_gb, float(used[0]) / 1024)
+
+    def __enter__(self) -> "GpuMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_family(model_type: str, work: Path, out: Path, steps: int) -> dict:
+    from bench.scale.pipeline import run_pipeline
+
+    target = work / f"{model_type}-random"
+    shutil.rmtree(target, ignore_errors=True)
+    built = build(model_type, target)
+    # The recipe's taps and mask id are Qwen3-8B's; this target's come from its own config
+    # and tokenizer (and its layers are not Qwen3 layers to initialise the drafter from).
+    extra = ("drafter.target_layer_ids=null", "drafter.mask_token_id=null",
+             "drafter.init=random")
+    try:
+        for compiled in (True, False):
+            with GpuMemory() as memory:
+                run = run_pipeline(work, out, steps=steps, name=model_type, target=target,
+                                   target_compile=compiled, extra=extra)
+            if "error" not in run:
+                break
+        return {**run, "shape": SHAPES[model_type][0], **built, "target_compiled": compiled,
+                "peak_mem_gb": memory.peak_gb}
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--families", default=",".join(SHAPES))
+    p.add_argument("--out", default="runs/bench_families")
+    p.add_argument("--work", default="/tmp/bench_families", help="target folders (large)")
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args(argv)
+    import torch
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    path = out / "h200_families.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.update(machine=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                  date=time.strftime("%Y-%m-%d"), torch=torch.__version__)
+    for model_type in args.families.split(","):
+        if model_type not in SHAPES:
+            raise SystemExit(f"--families: {model_type!r} is not one of {list(SHAPES)}")
+        result[model_type] = run_family(model_type, work, out, args.steps)
+        print(f"[bench] {model_type}: {json.dumps(result[model_type])}", flush=True)
+        path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    failed = [k for k, v in main().items() if isinstance(v, dict) and "error" in v]
+    if failed:
+        raise SystemExit(f"bench.h200_families: {', '.join(failed)} failed; see their logs")
