@@ -8,7 +8,8 @@ Each target is a random-weight model of its family with every layer of the publi
 (Llama-3.1-8B; gpt-oss-20b, a MoE that fits one H200 in bf16), built by transformers,
 ``save_pretrained`` with a tokenizer carrying the family's chat format and read back by the
 pipeline's loading code. The drafter is the Qwen3-8B recipe's (5 layers, block 16) derived
-from the target's config, its taps spread by the default rule. Per family, into
+from the target's config, its taps spread by the default rule, eager with SDPA as in
+bench.h200_parallel (whose Qwen3-8B run is the figure to set these beside). Per family, into
 ``<out>/h200_families.json``: ``samples_per_s``, ``target_busy``, ``drafter_busy``,
 ``peak_mem_gb`` (the GPU's memory in use at its highest, both actors, sampled by nvidia-smi)
 and the drafter's own peak, with the experts path transformers chose for MoE targets. A
@@ -41,6 +42,11 @@ SHAPES = {
         vocab_size=201088, sliding_window=128, max_position_embeddings=131072,
         layer_types=["sliding_attention", "full_attention"] * 12)),
 }
+
+
+# The drafter as bench.h200_parallel runs it (eager, SDPA), so that its Qwen3-8B figure
+# (replicate_samples_per_s) stands beside these.
+DRAFTER = ("drafter.attention=sdpa",)
 
 
 def build(model_type: str, out: Path) -> dict:
@@ -104,12 +110,12 @@ def run_family(model_type: str, work: Path, out: Path, steps: int) -> dict:
     # The recipe's taps and mask id are Qwen3-8B's; this target's come from its own config
     # and tokenizer (and its layers are not Qwen3 layers to initialise the drafter from).
     extra = ("drafter.target_layer_ids=null", "drafter.mask_token_id=null",
-             "drafter.init=random")
+             "drafter.init=random", *DRAFTER)
     try:
         for compiled in (True, False):
             with GpuMemory() as memory:
                 run = run_pipeline(work, out, steps=steps, name=model_type, target=target,
-                                   target_compile=compiled, extra=extra)
+                                   target_compile=compiled, drafter_compile="off", extra=extra)
             if "error" not in run:
                 break
         return {**run, "shape": SHAPES[model_type][0], **built, "target_compiled": compiled,

@@ -44,9 +44,12 @@ def run_pipeline(work: Path, out: Path, steps: int, skip: int = 10, gpus: int = 
     with open(out / f"pipeline_{tag}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()] \
+        if proc.returncode == 0 else []
+    # Its checkpoints and export are an 8B drafter's (tens of GB): the next run needs the disk.
+    shutil.rmtree(run_dir, ignore_errors=True)
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}: see pipeline_{tag}.log", "wall_s": wall}
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     steady = [r for r in rows if "perf/samples_per_s" in r and r["step"] > skip]
     mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
     step_time = sum(r["perf/step_time_s"] for r in steady)
