@@ -5,10 +5,12 @@
 
 Stages, each with a wall-clock budget (bench/quality/scale.py; about 9 minutes on one H200);
 a stage over its budget is reported (``over_budget`` in ``stage_timings``), not stopped:
-1. corpus: CPython's standard library .py files and help topics, split by a hash of the path;
+1. corpus: every Python source on the machine (the standard library and every installed
+   package) and the help topics, split by a hash of the file's name (bench/quality/corpus.py);
    a byte-level BPE with ChatML and a mask token, trained on a subsample;
 2. target: a Qwen3ForCausalLM (~90M parameters) trained from scratch on chat-formed code
-   (user: a prefix, assistant: the rest); held-out loss reported; save_pretrained;
+   (user: a prefix, assistant: the rest), seeing its training tokens at most once; held-out
+   and training-file losses reported (their ratio is the memorisation check); save_pretrained;
 3. data: training-file and held-out-file prefixes answered greedily by the target through
    ``python -m pipeline.regenerate``; held-out prompts are used only for tau;
 4. drafters: ``python -m pipeline.train`` (Ray, 1 GPU shared by target and drafter actors) and
@@ -93,6 +95,7 @@ def _add_drafter_figures(result: dict, trainers: dict, scale: Scale) -> None:
                                             else sum(walls)) / 60, 2),
         "trainers_concurrent": scale.concurrent_trainers, "trainers": summary,
         "goals": {"tau_at_least_3": bool(tau_p and tau_p >= 3.0),
+                  "target_generalises": result.get("target_heldout_over_train", 99) <= 1.15,
                   "agree_within_5pct": bool(tau_p and tau_r
                                             and abs(tau_p - tau_r) / tau_r <= 0.05)}})
     log.info("tau pipeline %s, reference %s (block %d)", tau_p, tau_r, scale.block_size)
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_float32_matmul_precision("high")
     result = run(scale, out, work)
     print(json.dumps({k: result.get(k) for k in (
-        "block_size", "target_params", "target_heldout_loss", "tau_pipeline", "tau_reference",
+        "block_size", "target_params", "target_heldout_loss", "target_train_files_loss",
+        "target_epochs", "tau_pipeline", "tau_reference",
         "drafter_train_gpu_minutes", "total_wall_s")}))
     return 0
 

@@ -21,7 +21,7 @@ class Scale:
 
     # Corpus and tokenizer.
     heldout_fraction: float = 0.05  # of files, by a stable hash of the path
-    max_corpus_chars: int = 0  # 0: the whole standard library
+    max_corpus_chars: int = 0  # 0: every Python source on the machine (corpus.py)
     vocab_size: int = 8192
     tokenizer_sample_chars: int = 6_000_000  # BPE trains on a seeded subsample of files
 
@@ -43,6 +43,9 @@ class Scale:
     weight_decay: float = 0.1
     compile_target: bool = True
     target_train_s: float = 125.0  # wall clock for the training loop, compile included
+    # ... or fewer steps: the target sees its training tokens at most this many times, so
+    # that it learns the language, not the files (held-out loss near training loss).
+    target_max_epochs: float = 1.0
     heldout_eval_tokens: int = 262_144
 
     # Prompts and their regenerated answers.

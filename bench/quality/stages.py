@@ -28,6 +28,7 @@ from pipeline.assets.generate import Continuation
 from pipeline.assets.target import build_target
 
 log = logging.getLogger(__name__)
+_REPO = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Paths:
 
 
 def corpus_and_tokenizer(scale: Scale) -> tuple[object, dict[str, torch.Tensor], dict]:
-    corpus = load_corpus(scale.heldout_fraction, scale.max_corpus_chars)
+    # This repository is on sys.path too; it is not an installed package.
+    corpus = load_corpus(scale.heldout_fraction, scale.max_corpus_chars, exclude=(_REPO,))
     tokenizer = train_tokenizer(corpus, scale.vocab_size, scale.tokenizer_sample_chars,
                                 scale.seed)
     streams = {"train": encode_stream(tokenizer, corpus.train),
@@ -93,7 +95,10 @@ def target(scale: Scale, tokenizer, streams: dict[str, torch.Tensor], paths: Pat
     if scale.device == "cuda":
         torch.cuda.empty_cache()
     return {"target_params": run.params, "target_heldout_loss": round(loss, 4),
-            "target_train": {"steps": run.steps, "train_files_loss": round(train_loss, 4),
+            "target_train_files_loss": round(train_loss, 4),
+            "target_heldout_over_train": round(loss / train_loss, 3),
+            "target_epochs": round(run.tokens_seen / len(streams["train"]), 3),
+            "target_train": {"steps": run.steps,
                              "train_s": round(run.train_s, 1),
                              "tokens_seen": run.tokens_seen,
                              "final_train_loss": run.losses[-1][1] if run.losses else None,

@@ -7,7 +7,8 @@ Each training sequence is one ChatML exchange cut from the token stream::
 with U drawn per batch and A filling the sequence, so every batch has the same shape (no
 padding, one compiled graph) and the model learns that an assistant answers a code prefix by
 continuing it. The step count is fitted to the budget once the step time is known (after the
-compile), and the learning rate follows warmup + cosine over those steps.
+compile), capped at ``target_max_epochs`` passes over the training tokens, and the learning
+rate follows warmup + cosine over those steps.
 """
 
 from __future__ import annotations
@@ -85,8 +86,15 @@ def _loss_fn(model, compile_it: bool):
     return torch.compile(loss)
 
 
+def epoch_steps(windows: ChatWindows, scale: Scale) -> int:
+    """Steps in which the target sees ``scale.target_max_epochs`` times its stream's tokens."""
+    return max(1, int(scale.target_max_epochs * len(windows.stream)
+                      / (scale.batch_size * windows.body)))
+
+
 def train(model, windows: ChatWindows, scale: Scale) -> TargetRun:
-    """Train in place for ``scale.target_train_s`` seconds of wall clock."""
+    """Train in place for ``scale.target_train_s`` seconds of wall clock, or for
+    ``scale.target_max_epochs`` passes over the stream if that comes first."""
     dev = scale.device
     model.to(dev).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
@@ -98,7 +106,8 @@ def train(model, windows: ChatWindows, scale: Scale) -> TargetRun:
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev == "cuda")
     loss_of = _loss_fn(model, scale.compile_target)
     run = TargetRun(sum(p.numel() for p in model.parameters()), 0, 0, 0.0, [])
-    total = 10**9  # fitted below once the step time is known
+    cap = epoch_steps(windows, scale)
+    total = cap  # fitted below to the time budget once the step time is known
     start = time.perf_counter()
     timed_from = None
     step = 0
@@ -125,7 +134,7 @@ def train(model, windows: ChatWindows, scale: Scale) -> TargetRun:
             _sync(dev)
             timed_from = time.perf_counter()
         if step in _REFIT_AT:  # early for the schedule's sake, again once steady
-            total = _fit_steps(step, timed_from, start, scale)
+            total = min(cap, _fit_steps(step, timed_from, start, scale))
         if step % 25 == 0 or step == 1:
             value = loss.item()
             run.losses.append((step, value))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 
 from bench.quality.corpus import Corpus
@@ -11,6 +12,7 @@ from pipeline.assets.tokenizer import build_tokenizer
 
 # Between two files in a stream: a blank-line run the model sees as "a new file starts".
 DOC_SEPARATOR = "\n\n\n"
+_ENCODE_SLICE = 512  # documents per tokenizer call
 
 
 def train_tokenizer(corpus: Corpus, vocab_size: int, sample_chars: int, seed: int):
@@ -31,10 +33,12 @@ def train_tokenizer(corpus: Corpus, vocab_size: int, sample_chars: int, seed: in
 
 def encode_stream(tokenizer, docs: list[tuple[str, str]]) -> torch.Tensor:
     """All documents, in order, as one int32 token stream with separators between them."""
-    sep = tokenizer(DOC_SEPARATOR, add_special_tokens=False)["input_ids"]
-    encoded = tokenizer([text for _, text in docs], add_special_tokens=False)["input_ids"]
-    ids: list[int] = []
-    for doc in encoded:
-        ids.extend(doc)
-        ids.extend(sep)
-    return torch.tensor(ids, dtype=torch.int32)
+    sep = np.asarray(tokenizer(DOC_SEPARATOR, add_special_tokens=False)["input_ids"],
+                     dtype=np.int32)
+    parts: list[np.ndarray] = []
+    # In slices: the whole corpus (tens of millions of tokens) as Python ints would take GBs.
+    for i in range(0, len(docs), _ENCODE_SLICE):
+        texts = [text for _, text in docs[i:i + _ENCODE_SLICE]]
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            parts += [np.asarray(ids, dtype=np.int32), sep]
+    return torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.int32)

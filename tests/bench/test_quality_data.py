@@ -1,6 +1,7 @@
 """bench/quality: the corpus split, the token stream and the chat-formed target windows."""
 
 import hashlib
+import sys
 from dataclasses import replace
 
 import pytest
@@ -80,3 +81,49 @@ def test_target_schedule_warms_up_then_decays_to_the_floor():
     assert _lr_at(55, 100, scale) == pytest.approx(0.55)  # half-way down the cosine
     assert _lr_at(100, 100, scale) == pytest.approx(0.1)
     assert _lr_at(500, 100, scale) == pytest.approx(0.1)  # past the fitted end: the floor
+
+
+def _tree(root, files):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_corpus_reads_every_package_root_once_and_keeps_one_of_each_copy(tmp_path, monkeypatch):
+    import pydoc_data.topics  # noqa: F401 (imported before sys.path is replaced)
+
+    from bench.quality import corpus as corpus_mod
+
+    stdlib = _tree(tmp_path / "lib", {"json/decoder.py": "x = 1\n",
+                                      "site-packages/pkg/a.py": "in the stdlib's own folder\n"})
+    site = _tree(tmp_path / "venv" / "site-packages", {
+        "pkg/a.py": "a = 2\n", "pkg/vendored/decoder.py": "x = 1\n",  # a copy of json's
+        "other/b.py": "b = 3\n", "other/__pycache__/c.py": "cache\n"})
+    project = _tree(tmp_path / "proj", {"mine.py": "not installed\n"})
+    monkeypatch.setattr(corpus_mod, "stdlib_root", lambda: str(stdlib))
+    monkeypatch.setattr(sys, "path", [str(project), str(site), str(project / "missing")])
+    got = corpus_mod.load_corpus(0.5, exclude=(str(tmp_path / "proj"),))
+    names = sorted(name for name, _ in got.train + got.heldout)
+    assert names == sorted(["pydoc_data/topics.txt", "json/decoder.py", "pkg/a.py",
+                            "other/b.py"])
+    assert got.duplicates == 1 and got.not_utf8 == 0
+    # A project's own virtual environment counts as installed packages.
+    inside = _tree(project / ".venv" / "site-packages", {"dep/d.py": "d = 4\n"})
+    monkeypatch.setattr(sys, "path", [str(project), str(inside)])
+    got = corpus_mod.load_corpus(0.5, exclude=(str(project),))
+    assert "dep/d.py" in {name for name, _ in got.train + got.heldout}
+    assert "mine.py" not in {name for name, _ in got.train + got.heldout}
+
+
+def test_target_sees_its_tokens_at_most_max_epochs_times(tokenizer):
+    from bench.quality.target import epoch_steps
+
+    stream = encode_stream(tokenizer, [(f"{i}.py", t) for i, t in enumerate(TEXTS * 20)])
+    scale = replace(TINY, seq_len=64, user_tokens=(5, 12), batch_size=4)
+    windows = ChatWindows(tokenizer, stream, scale, seed=0)
+    once = epoch_steps(windows, scale)
+    assert once * scale.batch_size * windows.body <= len(stream)
+    assert (once + 1) * scale.batch_size * windows.body > len(stream)
+    assert epoch_steps(windows, replace(scale, target_max_epochs=2.0)) in (2 * once, 2 * once + 1)
