@@ -51,18 +51,21 @@ def machine(scale: Scale) -> str:
     return f"CPU only ({platform.processor() or platform.machine()}), {cores} cores"
 
 
-def run(scale: Scale, out: Path, work: Path) -> dict:
+def run(scale: Scale, out: Path, work: Path, until: str = "drafters") -> dict:
     clock = StageClock(scale.hard_limit_factor, scale.run_limit_s)
     paths = stages.Paths(work)
     result: dict = {"scale": scale.name, "block_size": scale.block_size,
                     "date": datetime.date.today().isoformat(), "machine": machine(scale),
-                    "versions": _versions(), "command": _command(scale, out, work)}
+                    "versions": _versions(), "command": _command(scale, out, work, until)}
     budgets = scale.budgets()
     try:
         with clock.stage("corpus", budgets["corpus"]):
             tokenizer, streams, result["corpus"] = stages.corpus_and_tokenizer(scale)
         with clock.stage("target", budgets["target"]):
             result.update(stages.target(scale, tokenizer, streams, paths))
+        if until == "target":
+            result["stopped_after"] = until
+            return result
         with clock.stage("data", budgets["data"]):
             result.update(stages.data(scale, tokenizer, streams, paths, clock))
         _copy_samples(paths.heldout_data, out / "samples.jsonl", 4)
@@ -120,8 +123,10 @@ def _versions() -> dict:
             "transformers": transformers.__version__}
 
 
-def _command(scale: Scale, out: Path, work: Path) -> str:
-    return f"python -m bench.quality_real_corpus --scale {scale.name} --out {out} --work {work}"
+def _command(scale: Scale, out: Path, work: Path, until: str) -> str:
+    tail = "" if until == "drafters" else f" --until {until}"
+    return (f"python -m bench.quality_real_corpus --scale {scale.name} --out {out} "
+            f"--work {work}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="small results: JSON, plot, log tails")
     p.add_argument("--work", default="/tmp/quality", help="large files: model, data, runs")
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
+    p.add_argument("--until", default="drafters", choices=("target", "drafters"),
+                   help="stop after this stage (target: the corpus and the target only)")
     args = p.parse_args(argv)
     scale = get_scale(args.scale)
     if scale.device == "cuda" and not torch.cuda.is_available():
@@ -146,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True)
     (work / _MARKER).write_text("made by bench.quality_real_corpus; deleted on its next run\n")
     torch.set_float32_matmul_precision("high")
-    result = run(scale, out, work)
+    result = run(scale, out, work, args.until)
     print(json.dumps({k: result.get(k) for k in (
         "block_size", "target_params", "target_heldout_loss", "target_train_files_loss",
-        "target_epochs", "tau_pipeline", "tau_reference",
+        "target_heldout_over_train", "target_epochs", "tau_pipeline", "tau_reference",
         "drafter_train_gpu_minutes", "total_wall_s")}))
     return 0
 
