@@ -15,7 +15,10 @@ a stage over its budget is reported (``over_budget`` in ``stage_timings``), not 
    ``python -m pipeline.regenerate``; held-out prompts are used only for tau;
 4. drafters: ``python -m pipeline.train`` (Ray, 1 GPU shared by target and drafter actors) and
    ``python -m pipeline.train_single`` with the same overrides (bench/quality/overrides.py),
-   at the same time on the GPU; their metrics.jsonl give the curves and tau.
+   at the same time on the GPU; their metrics.jsonl give the curves and tau;
+5. export: the pipeline's export loaded by ``AutoModel`` and decoded by a second decoder
+   written apart from the evaluator (bench/quality/reference_decode.py), on the evaluator's
+   prompts: ``tau_reference_code``.
 
 Writes ``OUT/quality_real_corpus.json``, ``OUT/curves.png`` (and curves.json/.csv, all that
 is written when matplotlib is missing), ``OUT/samples.jsonl`` (a few held-out prompts with the
@@ -72,6 +75,11 @@ def run(scale: Scale, out: Path, work: Path, until: str = "drafters") -> dict:
         with clock.stage("drafters", budgets["drafters"]):
             trainers = stages.drafters(scale, paths, clock)
         _add_drafter_figures(result, trainers, scale)
+        with clock.stage("export", budgets["export"]):
+            result.update(stages.export_tau(scale, paths))
+        tau_p, tau_c = result.get("tau_pipeline"), result["tau_reference_code"]
+        result["goals"]["export_tau_reproduced"] = bool(tau_p and abs(tau_c - tau_p) / tau_p
+                                                        <= 0.05)
         result["plots"] = plot_curves({k: t.curves for k, t in trainers.items()},
                                       scale.block_size, out)
     finally:
@@ -157,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: result.get(k) for k in (
         "block_size", "target_params", "target_heldout_loss", "target_train_files_loss",
         "target_heldout_over_train", "target_epochs", "tau_pipeline", "tau_reference",
+        "tau_reference_code",
         "drafter_train_gpu_minutes", "total_wall_s")}))
     return 0
 

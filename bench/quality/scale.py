@@ -85,6 +85,7 @@ class Scale:
     target_extra_s: float = 40.0  # held-out loss and save_pretrained, after training
     regen_budget_s: float = 90.0
     train_budget_s: float = 230.0  # each trainer; both run at the same time
+    export_budget_s: float = 20.0  # the export's tau by the second decoder
     concurrent_trainers: bool = True
     # A subprocess still running at this multiple of its budget is stopped (a safety net for
     # a hung run, not a time limit) ...
@@ -97,7 +98,8 @@ class Scale:
         drafters = self.train_budget_s * (1 if self.concurrent_trainers else 2)
         return {"corpus": self.corpus_budget_s,
                 "target": self.target_train_s + self.target_extra_s,
-                "data": self.regen_budget_s, "drafters": drafters}
+                "data": self.regen_budget_s, "drafters": drafters,
+                "export": self.export_budget_s}
 
 
 GPU = Scale(name="gpu", device="cuda")

@@ -203,6 +203,21 @@ def drafters(scale: Scale, paths: Paths, clock: StageClock) -> dict[str, Trainer
     return results
 
 
+def export_tau(scale: Scale, paths: Paths) -> dict:
+    """The pipeline's export decoded by the bench's second decoder (reference_decode.py) on
+    the evaluator's prompts and settings: ``tau_reference_code``."""
+    from bench.quality.reference_decode import export_tau as decode_tau
+
+    export = paths.run_dir("pipeline") / "export"
+    if not (export / "config.json").exists():
+        raise RuntimeError(f"no export at {export}: the pipeline run did not finish")
+    dtype = torch.bfloat16 if scale.device == "cuda" else torch.float32  # target.dtype=auto
+    value = decode_tau(str(paths.target), str(export), str(paths.heldout_data),
+                       scale.eval_prompts, scale.eval_max_new_tokens, scale.device, dtype)
+    log.info("export: tau %.3f decoded by AutoModel with its own cache", value)
+    return {"tau_reference_code": round(value, 4)}
+
+
 def trainer_summary(results: dict[str, TrainerResult]) -> dict:
     return {name: {"final_tau": r.curves.final_tau, "tau_points": list(zip(r.curves.tau_steps,
                                                                               r.curves.tau)),
