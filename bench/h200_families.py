@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.scale.result import failed_parts, open_result
+
 # The published config.json of each checkpoint named, every layer kept.
 SHAPES = {
     "llama": ("Llama-3.1-8B", dict(
@@ -131,14 +133,8 @@ def main(argv=None) -> dict:
     p.add_argument("--work", default="/tmp/bench_families", help="target folders (large)")
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args(argv)
-    import torch
     out, work = Path(args.out), Path(args.work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    path = out / "h200_families.json"
-    result = json.loads(path.read_text()) if path.exists() else {}
-    result.update(machine=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                  date=time.strftime("%Y-%m-%d"), torch=torch.__version__)
+    path, result = open_result(out, work, "h200_families.json")
     for model_type in args.families.split(","):
         if model_type not in SHAPES:
             raise SystemExit(f"--families: {model_type!r} is not one of {list(SHAPES)}")
@@ -149,6 +145,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    failed = [k for k, v in main().items() if isinstance(v, dict) and "error" in v]
+    failed = failed_parts(main())
     if failed:
         raise SystemExit(f"bench.h200_families: {', '.join(failed)} failed; see their logs")

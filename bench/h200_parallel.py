@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from pathlib import Path
 
 PARTS = ("drafter", "stages", "checkpoint")
@@ -69,15 +68,10 @@ def main(argv=None) -> dict:
     p.add_argument("--work", default="/tmp/bench_8b", help="target folder and data (large)")
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args(argv)
-    import torch
+    from bench.scale.result import open_result
     from bench.scale.synthetic import build_target
     out, work = Path(args.out), Path(args.work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    path = out / "h200_parallel.json"
-    result = json.loads(path.read_text()) if path.exists() else {}
-    result.update(machine=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                  date=time.strftime("%Y-%m-%d"), torch=torch.__version__)
+    path, result = open_result(out, work, "h200_parallel.json")
     record = lambda key, value: _record(result, path, key, value)  # noqa: E731
     build_target(work / "qwen3-8b-random")
     parts = args.parts.split(",")
@@ -95,12 +89,8 @@ def main(argv=None) -> dict:
     return result
 
 
-def failures(result: dict) -> list[str]:
-    """The parts whose run failed (their figures are absent, not zero)."""
-    return [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
-
-
 if __name__ == "__main__":
-    failed = failures(main())
+    from bench.scale.result import failed_parts
+    failed = failed_parts(main())
     if failed:
         raise SystemExit(f"bench.h200_parallel: {', '.join(failed)} failed; see their logs")
