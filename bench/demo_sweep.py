@@ -38,7 +38,7 @@ def main() -> None:
     evals = sorted({int(s) for s in args.evals.split(",") if s})
     steps = len(trainer.plans)
     evals = [min(s, steps) for s in evals]
-    taus, train_s, eval_s, row = {}, 0.0, 0.0, {}
+    taus, train_s, eval_s, row, train_s_at = {}, 0.0, 0.0, {}, {}
     if 0 in evals:
         t = time.perf_counter()
         taus[0] = round(trainer.evaluate_tau(), 4)
@@ -51,6 +51,7 @@ def main() -> None:
             from pipeline.training.metrics import metrics_dict
 
             row = metrics_dict(totals)
+            train_s_at[step] = round(train_s, 2)
             t = time.perf_counter()
             taus[step] = round(trainer.evaluate_tau(), 4)
             eval_s += time.perf_counter() - t
@@ -59,7 +60,7 @@ def main() -> None:
         "samples": len(trainer.dataset), "tau": taus,
         "loss": round(row.get("train/loss", float("nan")), 3),
         "accuracy": round(row.get("train/accuracy", float("nan")), 3),
-        "train_s": round(train_s, 1), "eval_s": round(eval_s, 1),
+        "train_s": round(train_s, 1), "train_s_at": train_s_at, "eval_s": round(eval_s, 1),
         "total_s": round(time.perf_counter() - t0, 1), "threads": args.threads,
         "load": os.getloadavg()[0]}), flush=True)
 

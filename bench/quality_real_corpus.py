@@ -54,6 +54,9 @@ def machine(scale: Scale) -> str:
     return f"CPU only ({platform.processor() or platform.machine()}), {cores} cores"
 
 
+UNTIL = ("target", "data", "drafters")  # the stages a run may stop after
+
+
 def run(scale: Scale, out: Path, work: Path, until: str = "drafters") -> dict:
     clock = StageClock(scale.hard_limit_factor, scale.run_limit_s)
     paths = stages.Paths(work)
@@ -71,6 +74,9 @@ def run(scale: Scale, out: Path, work: Path, until: str = "drafters") -> dict:
             return result
         with clock.stage("data", budgets["data"]):
             result.update(stages.data(scale, tokenizer, streams, paths, clock))
+        if until == "data":
+            result["stopped_after"] = until
+            return result
         _copy_samples(paths.heldout_data, out / "samples.jsonl", 4)
         with clock.stage("drafters", budgets["drafters"]):
             trainers = stages.drafters(scale, paths, clock)
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="small results: JSON, plot, log tails")
     p.add_argument("--work", default="/tmp/quality", help="large files: model, data, runs")
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
-    p.add_argument("--until", default="drafters", choices=("target", "drafters"),
+    p.add_argument("--until", default="drafters", choices=UNTIL,
                    help="stop after this stage (target: the corpus and the target only)")
     args = p.parse_args(argv)
     scale = get_scale(args.scale)

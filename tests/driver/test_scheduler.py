@@ -169,7 +169,13 @@ def fakes(ray_session, tmp_path):
                                 gate=str(tmp_path / "gate") if gate else None)
                     for d in range(2)]
         topologies.append(Topology(prefetcher, [target], drafters, [0], [0, 0], num_slots))
-        handle = ray.get(target.ring_handle.remote())
+        try:
+            handle = ray.get(target.ring_handle.remote(), timeout=180)
+        except ray.exceptions.GetTimeoutError:  # a failure that names what holds the cluster
+            from ray.util.state import list_actors
+            alive = [a.class_name for a in list_actors(filters=[("state", "=", "ALIVE")])]
+            pytest.fail(f"the fake actors never started: free {ray.available_resources()}, "
+                        f"alive actors {alive}")
         ray.get([d.attach.remote([handle]) for d in drafters])
         return topologies[-1]
 
