@@ -46,7 +46,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 _OWN_KEYS = ("train.eval.every=", "train.out_dir=")
 
 
-def variant_command(scale: Scale, work: Path, variant: tuple[str, ...], evals: str) -> list[str]:
+def variant_command(scale: Scale, work: Path, name: str, evals: str) -> list[str]:
     from bench.quality.stages import Paths
 
     paths = Paths(work)
@@ -54,7 +54,7 @@ def variant_command(scale: Scale, work: Path, variant: tuple[str, ...], evals: s
                                          str(paths.heldout_data), "unused")
             if not o.startswith(_OWN_KEYS)]
     return [sys.executable, "-m", "bench.demo_sweep", "--evals", evals, "--threads", "2",
-            *base, *variant]
+            "--name", name, *base, *VARIANTS[name]]
 
 
 def sweep(scale: Scale, work: Path, out: Path, names: list[str], evals: str,
@@ -67,7 +67,7 @@ def sweep(scale: Scale, work: Path, out: Path, names: list[str], evals: str,
         procs = {}
         for name in batch:
             log = open(out / f"sweep_{name}.log", "w")
-            procs[name] = (subprocess.Popen(variant_command(scale, work, VARIANTS[name], evals),
+            procs[name] = (subprocess.Popen(variant_command(scale, work, name, evals),
                                             stdout=subprocess.PIPE, stderr=log, text=True), log)
         for name, (proc, log) in procs.items():
             stdout, _ = proc.communicate()
