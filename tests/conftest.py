@@ -109,6 +109,22 @@ def small_train_file(tiny_assets, tmp_path_factory):
     return path
 
 
+def _greedy_tokens(target, prompt, n):
+    """``n`` tokens of ``target``'s greedy decoding of ``prompt``, re-reading the whole text
+    each step (no cache: nothing of a family's cache rollback is in this reference)."""
+    seq = torch.tensor(prompt)[None]
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, target(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="session")
+def greedy_tokens():
+    """``greedy_tokens(target, prompt, n)``: the uncached greedy reference decoding."""
+    return _greedy_tokens
+
+
 @pytest.fixture(scope="session")
 def family_target(tmp_path_factory):
     """``family_target("llama")``: the folder of a tiny random-weight target of that family,

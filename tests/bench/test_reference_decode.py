@@ -27,17 +27,9 @@ class Recorder:
         return draft
 
 
-def _greedy(target, prompt, n):
-    seq = torch.tensor(prompt)[None]
-    with torch.no_grad():
-        for _ in range(n):
-            seq = torch.cat([seq, target(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_export_decoded_with_its_cache_drafts_as_the_evaluator(family_target, model_type,
-                                                               tmp_path):
+                                                               tmp_path, greedy_tokens):
     path = family_target(model_type)
     spec = build_drafter_spec(AutoConfig.from_pretrained(path).to_dict(),
                               DrafterConfig(num_layers=2, block_size=4, num_taps=2),
@@ -58,5 +50,5 @@ def test_export_decoded_with_its_cache_drafts_as_the_evaluator(family_target, mo
         theirs.append(decode(target, draft, prompt, new))
         assert theirs[-1].drafts == recorder.drafts  # every round, every drafted token
         assert theirs[-1].accepted == ours[-1].accepted
-        assert theirs[-1].tokens[:new] == _greedy(target, prompt, new)  # lossless
+        assert theirs[-1].tokens[:new] == greedy_tokens(target, prompt, new)  # lossless
     assert tau(theirs) == acceptance_length(ours)

@@ -76,14 +76,6 @@ def test_taps_and_embedding_are_the_targets(family_target, model_type):
     assert (head.embed_scale != 1.0) == (model_type == "gemma3_text")
 
 
-def _greedy(target, prompt, n):
-    seq = torch.tensor(prompt)[None]
-    with torch.no_grad():
-        for _ in range(n):
-            seq = torch.cat([seq, target(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq[0, len(prompt):].tolist()
-
-
 class ExportedProposer:
     """Drafts with the exported drafter as AutoModel loads it (z-lab's calling convention)."""
 
@@ -117,7 +109,7 @@ class OracleProposer:
 
 @pytest.mark.parametrize("model_type", FAMILY_TARGETS)
 def test_speculative_output_is_greedy_and_the_export_drafts_the_same(family_target, model_type,
-                                                                     tmp_path):
+                                                                     tmp_path, greedy_tokens):
     path, _, spec, target = _setup(family_target, model_type)
     head = load_target_head(path)
     torch.manual_seed(1)
@@ -125,7 +117,7 @@ def test_speculative_output_is_greedy_and_the_export_drafts_the_same(family_targ
     # Prompts longer than the sliding windows (8), so rolled-back caches cross them.
     prompts = [torch.randint(4, 500, (n,)).tolist() for n in (9, 14)]
     new = 12
-    greedy = [_greedy(target, p, new + 4) for p in prompts]
+    greedy = [greedy_tokens(target, p, new + 4) for p in prompts]
     oracle = [speculative_generate(target, OracleProposer(p + g, 4), p, spec.target_layer_ids,
                                    new) for p, g in zip(prompts, greedy)]
     assert acceptance_length(oracle) == 4.0  # accepted drafts survive the rollback
