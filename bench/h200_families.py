@@ -78,10 +78,12 @@ def build(model_type: str, out: Path) -> dict:
 
 
 class GpuMemory:
-    """The highest GPU memory in use while open, sampled by nvidia-smi every half second."""
+    """The highest GPU memory in use while open, sampled by nvidia-smi every half second;
+    ``peak_gb`` stays None when no sample could be read (no figure rather than 0)."""
 
     def __init__(self) -> None:
-        self.peak_gb, self._stop = 0.0, threading.Event()
+        self.peak_gb: float | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
@@ -92,7 +94,7 @@ class GpuMemory:
                                       text=True, check=True).stdout.split()
             except (OSError, subprocess.CalledProcessError):
                 return
-            self.peak_gb = max(self.peak_gb, float(used[0]) / 1024)
+            self.peak_gb = max(self.peak_gb or 0.0, float(used[0]) / 1024)
 
     def __enter__(self) -> "GpuMemory":
         self._thread.start()

@@ -24,6 +24,8 @@ import json
 import re
 from pathlib import Path
 
+from bench.scale.result import failed_parts, open_result
+
 PARTS = ("drafter", "stages", "checkpoint")
 # Eager on both sides (FSDP refuses compiled drafters), so SDPA: eager flex attention is a
 # reference implementation, not a kernel.
@@ -68,7 +70,6 @@ def main(argv=None) -> dict:
     p.add_argument("--work", default="/tmp/bench_8b", help="target folder and data (large)")
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args(argv)
-    from bench.scale.result import open_result
     from bench.scale.synthetic import build_target
     out, work = Path(args.out), Path(args.work)
     path, result = open_result(out, work, "h200_parallel.json")
@@ -90,7 +91,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from bench.scale.result import failed_parts
     failed = failed_parts(main())
     if failed:
         raise SystemExit(f"bench.h200_parallel: {', '.join(failed)} failed; see their logs")
