@@ -28,8 +28,11 @@ from pathlib import Path
 from bench.quality.overrides import trainer_overrides
 from bench.quality.scale import SCALES, Scale, get_scale
 
-# Each knob the issue names, one step either side of the bench's recipe (bench/quality/scale.py
-# GPU: 3 layers, block 16, 192 anchors, lr 1.5e-3, gamma 7 by the block-16 rule, random init).
+# Each knob the issue names, one step away from the bench's recipe (bench/quality/scale.py
+# GPU: 3 layers, block 16, 192 anchors, lr 1.5e-3, cosine, gamma 7 by the block-16 rule,
+# random init). The drafter's width is the target's hidden size by construction (it shares
+# the target's embedding and LM head), so depth is the size knob. Entries starting with
+# "--" are demo_sweep's own flags (the schedule), the rest are config overrides.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "base": (),
     "anchors_low": ("drafter.num_anchors=64",),
@@ -38,42 +41,54 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "gamma_high": ("drafter.gamma=12.0",),
     "lr_low": ("train.optim.lr=6e-4",),
     "lr_high": ("train.optim.lr=4e-3",),
+    "schedule_wsd": ("--schedule=wsd",),
     "layers_1": ("drafter.num_layers=1",),
     "layers_5": ("drafter.num_layers=5",),
     "init_target_layers": ("drafter.init=target_layers",),
+    "batch_32": ("data.micro_batch_size=32",),
 }
 # Set by demo_sweep itself (evaluations at --evals, a temporary out_dir).
 _OWN_KEYS = ("train.eval.every=", "train.out_dir=")
 
 
-def variant_command(scale: Scale, work: Path, name: str, evals: str) -> list[str]:
+def variant_command(scale: Scale, work: Path, name: str, evals: str,
+                    max_train_s: float = 0.0, steps: int = 0) -> list[str]:
     from bench.quality.stages import Paths
 
     paths = Paths(work)
     base = [o for o in trainer_overrides(scale, str(paths.target), str(paths.train_data),
                                          str(paths.heldout_data), "unused")
             if not o.startswith(_OWN_KEYS)]
+    if steps:  # the same shorter plan for every variant, before the variant's own keys
+        base = [o for o in base if not o.startswith("train.plan.max_steps=")]
+        base.append(f"train.plan.max_steps={steps}")
     return [sys.executable, "-m", "bench.demo_sweep", "--evals", evals, "--threads", "2",
-            "--name", name, *base, *VARIANTS[name]]
+            "--max-train-s", str(max_train_s), "--name", name, *base, *VARIANTS[name]]
 
 
 def sweep(scale: Scale, work: Path, out: Path, names: list[str], evals: str,
-          concurrent: int) -> dict:
+          concurrent: int, max_train_s: float = 0.0, steps: int = 0) -> dict:
     result: dict = {"scale": scale.name, "evals": evals, "concurrent": concurrent,
+                    "max_train_s": max_train_s, "steps": steps or scale.max_steps,
                     "variants": {}}
     path = out / "quality_sweep.json"
     for start in range(0, len(names), concurrent):
         batch = names[start:start + concurrent]
         procs = {}
         for name in batch:
-            log = open(out / f"sweep_{name}.log", "w")
-            procs[name] = (subprocess.Popen(variant_command(scale, work, name, evals),
-                                            stdout=subprocess.PIPE, stderr=log, text=True), log)
-        for name, (proc, log) in procs.items():
-            stdout, _ = proc.communicate()
-            log.close()
-            lines = [line for line in stdout.splitlines() if line.startswith("{")]
-            result["variants"][name] = (json.loads(lines[-1]) if proc.returncode == 0 and lines
+            # stdout to a file, not a pipe: a sweep stopped from outside keeps each
+            # variant's progress lines.
+            with open(out / f"sweep_{name}.log", "w") as log, \
+                    open(out / f"sweep_{name}.jsonl", "w") as lines:
+                procs[name] = subprocess.Popen(
+                    variant_command(scale, work, name, evals, max_train_s, steps),
+                    stdout=lines, stderr=log, text=True)
+        for name, proc in procs.items():
+            proc.wait()
+            text = (out / f"sweep_{name}.jsonl").read_text()
+            final = [line for line in text.splitlines()
+                     if line.startswith("{") and '"progress"' not in line]
+            result["variants"][name] = (json.loads(final[-1]) if proc.returncode == 0 and final
                                         else {"error": f"exit {proc.returncode}: see "
                                                        f"sweep_{name}.log"})
             print(f"[sweep] {name}: {json.dumps(result['variants'][name])}", flush=True)
@@ -117,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--evals", default="150,300,600", help="steps to measure tau after")
     p.add_argument("--concurrent", type=int, default=5)
+    p.add_argument("--steps", type=int, default=0,
+                   help="train.plan.max_steps for every variant (0: the bench's)")
+    p.add_argument("--max-train-s", type=float, default=0.0,
+                   help="each variant stops training after this many seconds (0: never)")
     p.add_argument("--skip-build", action="store_true",
                    help="reuse the target and data already in --work")
     args = p.parse_args(argv)
@@ -125,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--variants: {unknown} not in {list(VARIANTS)}")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     if not args.skip_build:
         bench.main(["--scale", args.scale, "--out", str(out), "--work", str(work),
                     "--until", "data"])
-    result = sweep(get_scale(args.scale), work, out, names, args.evals, args.concurrent)
+    result = sweep(get_scale(args.scale), work, out, names, args.evals, args.concurrent,
+                   args.max_train_s, args.steps)
     result["plot"] = plot(result, out)
     (out / "quality_sweep.json").write_text(json.dumps(result, indent=2))
     failed = [n for n, r in result["variants"].items() if "error" in r]
