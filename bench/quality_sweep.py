@@ -2,7 +2,7 @@
 (issue 25 item 3).
 
     python -m bench.quality_sweep --out docs/bench/quality_sweep --work /tmp/sweep    # 1x H200
-    python -m bench.quality_sweep --scale tiny --variants base,gamma_low \\
+    python -m bench.quality_sweep --scale tiny --variants base,gamma_4 \\
         --out /tmp/s_out --work /tmp/s_work                                          # CPU
 
 First the corpus, the target and its regenerated data, as ``bench.quality_real_corpus``
@@ -29,23 +29,25 @@ from bench.quality.overrides import trainer_overrides
 from bench.quality.scale import SCALES, Scale, get_scale
 
 # Each knob the issue names, one step away from the bench's recipe (bench/quality/scale.py
-# GPU: 3 layers, block 16, 192 anchors, lr 1.5e-3, cosine, gamma 7 by the block-16 rule,
-# random init). The drafter's width is the target's hidden size by construction (it shares
-# the target's embedding and LM head), so depth is the size knob. Entries starting with
-# "--" are demo_sweep's own flags (the schedule), the rest are config overrides.
+# GPU: 3 layers from the target's last 3, block 16, 192 anchors, lr 1.5e-3, cosine, gamma 1,
+# micro-batch 16). The drafter's width is the target's hidden size by construction (it shares
+# the target's embedding and LM head), so depth is the size knob. Entries starting with "--"
+# are demo_sweep's own flags (the schedule), the rest are config overrides.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "base": (),
     "anchors_low": ("drafter.num_anchors=64",),
     "anchors_high": ("drafter.num_anchors=384",),
-    "gamma_low": ("drafter.gamma=4.0",),
-    "gamma_high": ("drafter.gamma=12.0",),
+    "gamma_4": ("drafter.gamma=4.0",),
+    "gamma_7": ("drafter.gamma=7.0",),  # DFlash's rule for block 16
     "lr_low": ("train.optim.lr=6e-4",),
     "lr_high": ("train.optim.lr=4e-3",),
     "schedule_wsd": ("--schedule=wsd",),
     "layers_1": ("drafter.num_layers=1",),
     "layers_5": ("drafter.num_layers=5",),
-    "init_target_layers": ("drafter.init=target_layers",),
+    "init_random": ("drafter.init=random",),
     "batch_32": ("data.micro_batch_size=32",),
+    "batch_64": ("data.micro_batch_size=64",),
+    "batch_64_lr_3e-3": ("data.micro_batch_size=64", "train.optim.lr=3e-3"),
 }
 # Set by demo_sweep itself (evaluations at --evals, a temporary out_dir).
 _OWN_KEYS = ("train.eval.every=", "train.out_dir=")

@@ -29,6 +29,8 @@ def trainer_overrides(scale: Scale, target_dir: str, train_path: str, heldout_pa
         f"drafter.block_size={scale.block_size}",
         f"drafter.num_taps={scale.num_taps}",
         f"drafter.num_anchors={scale.num_anchors}",
+        f"drafter.gamma={scale.gamma}",
+        f"drafter.init={scale.init}",
         f"drafter.attention={scale.attention}",
         f"drafter.compile={scale.compile}",
         "drafter.static_shapes=true",

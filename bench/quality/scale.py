@@ -60,6 +60,10 @@ class Scale:
     drafter_layers: int = 3
     num_taps: int = 5  # spread by the pipeline's default rule over the target's layers
     num_anchors: int = 192
+    # Set here, not inherited from the demo's drafter preset (conf/drafter/tiny.yaml), which
+    # the trainers start from: position 1 weighted above the rest, layers from the target.
+    gamma: float = 1.0
+    init: str = "target_layers"
     drafter_lr: float = 1.5e-3
     micro_batch_size: int = 16
     epochs: int = 3

@@ -5,27 +5,35 @@ from pathlib import Path
 
 import pytest
 
-from bench.quality.scale import TINY
+from bench.quality.scale import GPU
 from bench.quality_sweep import VARIANTS, variant_command
 from pipeline.driver.compose import compose_job
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_every_variant_composes_with_its_knob_last(name, tmp_path):
-    cmd = variant_command(TINY, Path("/work"), name, "4,8")
+    cmd = variant_command(GPU, Path("/work"), name, "4,8")
     args = cmd[cmd.index(name) + 1:]
     assert tuple(args[len(args) - len(VARIANTS[name]):]) == VARIANTS[name]
     overrides = [a for a in args if not a.startswith("--")]  # demo_sweep's own flags
     assert not [o for o in overrides if o.startswith(("train.eval.every=", "train.out_dir="))]
     job = compose_job(overrides + ["train.eval.every=-1", f"train.out_dir={tmp_path}"])
+    base_job = compose_job(overrides[:len(overrides) - len(VARIANTS[name])]
+                           + ["train.eval.every=-1", f"train.out_dir={tmp_path}"])
     for override in (v for v in VARIANTS[name] if not v.startswith("--")):
         key, value = override.split("=")
-        section, field = key.rsplit(".", 1)
-        node = job
-        for part in section.split("."):
-            node = getattr(node, part)
-        got = getattr(node, field)
+        got, before = _field(job, key), _field(base_job, key)
         assert (got == float(value)) if isinstance(got, float) else str(got) == value
+        # A knob equal to the bench's own setting would measure nothing (init_target_layers
+        # did, while the bench inherited that init from the demo's preset).
+        assert got != before, f"{name}: {key} is already {before} in the bench's recipe"
+
+
+def _field(job, key: str):
+    node = job
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def test_wsd_holds_the_peak_then_decays_to_the_floor():
