@@ -30,7 +30,7 @@ from bench.quality.scale import SCALES, Scale, get_scale
 
 # Each knob the issue names, one step away from the bench's recipe (bench/quality/scale.py
 # GPU: 3 layers from the target's last 3, block 16, 192 anchors, lr 1.5e-3, cosine, gamma 1,
-# micro-batch 16). The drafter's width is the target's hidden size by construction (it shares
+# micro-batch 32). The drafter's width is the target's hidden size by construction (it shares
 # the target's embedding and LM head), so depth is the size knob. Entries starting with "--"
 # are demo_sweep's own flags (the schedule), the rest are config overrides.
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -45,7 +45,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "layers_1": ("drafter.num_layers=1",),
     "layers_5": ("drafter.num_layers=5",),
     "init_random": ("drafter.init=random",),
-    "batch_32": ("data.micro_batch_size=32",),
+    "batch_16": ("data.micro_batch_size=16",),
     "batch_64": ("data.micro_batch_size=64",),
     "batch_64_lr_3e-3": ("data.micro_batch_size=64", "train.optim.lr=3e-3"),
 }

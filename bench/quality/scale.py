@@ -65,7 +65,7 @@ class Scale:
     gamma: float = 1.0
     init: str = "target_layers"
     drafter_lr: float = 1.5e-3
-    micro_batch_size: int = 16
+    micro_batch_size: int = 32  # the sweep: 16 -> 32 learns more per step at a like cost per second
     epochs: int = 3
     max_steps: int = 600
     data_max_length: int = 448  # prompt (<= ~200) + answer (<= 192) + chat markup
