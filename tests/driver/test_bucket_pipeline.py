@@ -14,7 +14,7 @@ from pipeline.training.single import SingleProcessTrainer
 
 # The first 24 demo samples are 83 to 167 tokens: 5, 15 and 4 of them per bucket, in
 # micro-batches of 4, 3 and 2 rows (512 tokens each at most).
-pytestmark = pytest.mark.slow  # three Ray jobs and a reference run: a few minutes on 2 cores
+pytestmark = pytest.mark.slow  # four Ray jobs and reference runs: a few minutes on 2 cores
 
 BUCKETS = ["data.batching=bucket", "data.buckets=[128,160,256]",
            "data.tokens_per_micro_batch=512", "drafter.static_shapes=true"]
@@ -55,9 +55,12 @@ def test_bucketed_pipeline_matches_single_process(ray_cluster, small_train_file,
 
 
 def test_bucketed_resume_matches_an_uninterrupted_run(ray_cluster, small_train_file, tmp_path):
+    """The run in one go is the reference (the test above shows the pipeline gives its
+    losses), so two Ray jobs suffice: stopped at step 3, then resumed."""
     base = BASE + [f"data.train_path={small_train_file}", "train.plan.epochs=2",
                    "train.plan.max_steps=6"]
-    Driver(compose_job(base + [f"train.out_dir={tmp_path / 'full'}"])).run()
+    history = SingleProcessTrainer(compose_job(base + [f"train.out_dir={tmp_path / 'ref'}"])
+                                   ).train()
     part = tmp_path / "part"
     Driver(compose_job(base + ["train.plan.stop_at_step=3", f"train.out_dir={part}"])).run()
     point = ckpt.read_point(ckpt.latest(part))
@@ -65,7 +68,8 @@ def test_bucketed_resume_matches_an_uninterrupted_run(ray_cluster, small_train_f
     resumed = Driver(compose_job(base + [f"train.out_dir={part}",
                                          "train.checkpoint.resume=auto"])).run()
     assert (resumed.first_step, resumed.end_step) == (3, 6)
-    want, got = _losses(tmp_path / "full"), _losses(part)
+    want = {i + 1: row["train/loss"] for i, row in enumerate(history)}
+    got = _losses(part)
     assert sorted(got) == sorted(want) == list(range(1, 7))
     for step in want:
-        assert got[step] == pytest.approx(want[step], rel=1e-6), step
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step

@@ -4,7 +4,8 @@ others resume and are logged; a rerun resumes by default; resume=null on checkpo
 refused; all checkpoints unusable is one warning, then a fresh start.
 
 One real 2-step CLI run (checkpoints at steps 1 and 2) serves the whole module; the refusals
-construct the Driver only (the check runs in its __init__, before Ray).
+construct the Driver only (the check runs in its __init__, before Ray). Its rerun as it was
+has nothing to train.
 """
 
 import json
@@ -42,12 +43,13 @@ def _cli(tiny_assets, overrides: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def run(tiny_assets, small_train_file, tmp_path_factory):
-    """(out_dir, data file) of a finished 2-step run with checkpoints at steps 1 and 2."""
+    """(out_dir, data file, output) of a finished 2-step run with checkpoints at steps 1 and
+    2."""
     out = tmp_path_factory.mktemp("contract") / "run"
     proc = _cli(tiny_assets, _base(small_train_file, out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p.name for p in ckpt.step_folders(out)] == ["step_00000001", "step_00000002"]
-    return out, small_train_file
+    return out, small_train_file, proc.stdout + proc.stderr
 
 
 def _copy(run, tmp_path) -> Path:
@@ -140,7 +142,7 @@ REFUSED = [
                                                             for i, r in enumerate(REFUSED)])
 def test_a_changed_fixed_setting_is_refused_naming_old_and_new(run, tiny_assets, tmp_path,
                                                                what, change, parts):
-    out, data = run
+    out, data, _ = run
     if change is _data:
         change = [_data(run, tmp_path)]
     elif callable(change):
@@ -165,7 +167,7 @@ def test_changeable_settings_resume_and_each_change_is_logged(run, tiny_assets, 
                                                               caplog):
     """The schedule, eval, optimizer and layout may change; so may the paths of identical
     files (they are checked by content)."""
-    out, data = run
+    out, data, _ = run
     moved = tmp_path / "moved.jsonl"
     shutil.copy(data, moved)
     target = _target_copy(tiny_assets, tmp_path, lambda folder: None)
@@ -218,6 +220,23 @@ def test_rerun_resumes_by_default_and_logs_what_changed(run, tiny_assets, tmp_pa
     assert "step_00000002 at step 2" in text and "done: 1 steps" in text
     assert "train.plan.max_steps changed: 2 -> 3" in text
     assert ckpt.read_point(ckpt.latest(out)).step == 3
+
+
+def test_rerunning_a_finished_job_trains_nothing_and_exits_0(run, tiny_assets, tmp_path):
+    """The same command again: it resumes the newest checkpoint, which holds every step asked
+    for, and says so before Ray starts (the bounds by epochs and by stop_at_step are decided
+    alike: test_nothing_to_train.py)."""
+    assert "done: 2 steps" in run[2] and "tau not evaluated (train.eval.every=-1)" in run[2], \
+        run[2][-3000:]
+    out = _copy(run, tmp_path)
+    again = _cli(tiny_assets, _base(run[1], out))
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-3000:]
+    lines = [line for line in text.splitlines() if "nothing to train" in line]
+    assert len(lines) == 1, text[-3000:]
+    assert "holds 2 steps, and train.plan.max_steps=2" in lines[0], lines[0]
+    assert "Traceback" not in text and "Started a local Ray" not in text, text[-3000:]
+    assert [p.name for p in ckpt.step_folders(out)] == ["step_00000001", "step_00000002"]
 
 
 @pytest.mark.parametrize("override,words", [

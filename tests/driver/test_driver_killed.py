@@ -33,14 +33,17 @@ def test_a_killed_driver_continues_when_the_command_is_resubmitted(tiny_assets, 
                                                                    tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")
-    cmd = _command(small_train_file, out)
+    # 12 samples, 2 drafters x 2: 3 steps an epoch, 6 in all, a checkpoint after each.
+    data = tmp_path / "twelve.jsonl"
+    data.write_text("".join(small_train_file.read_text().splitlines(True)[:12]))
+    cmd = _command(data, out)
     log = open(tmp_path / "first.log", "w")
     # Its own session: whatever Ray leaves behind after the driver dies is cleaned up by
     # group id below, and nothing else on the machine is touched.
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:
-        _wait_for(ckpt.checkpoint_root(out) / "step_00000003", first)
+        _wait_for(ckpt.checkpoint_root(out) / "step_00000002", first)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=60)
     finally:
@@ -51,7 +54,7 @@ def test_a_killed_driver_continues_when_the_command_is_resubmitted(tiny_assets, 
             pass
         log.close()
     done = ckpt.latest(out)
-    assert done is not None and 3 <= ckpt.read_point(done).step < 12
+    assert done is not None and 2 <= ckpt.read_point(done).step < 6
 
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600, start_new_session=True)
@@ -59,7 +62,7 @@ def test_a_killed_driver_continues_when_the_command_is_resubmitted(tiny_assets, 
     assert second.returncode == 0, text[-3000:]
     resumed = int(re.search(r"resumed from \S+ at step (\d+)", text).group(1))
     assert resumed >= ckpt.read_point(done).step
-    assert ckpt.latest(out).name == "step_00000012"
+    assert ckpt.latest(out).name == "step_00000006"
     assert not [p for p in ckpt.checkpoint_root(out).iterdir() if p.name.startswith(".")]
     # Each epoch's accounting line: what the second run trained, nothing missing or repeated.
     lines = re.findall(r"epoch (\d): (\d+)/(\d+) planned samples trained, (\d+) missing, "
@@ -67,4 +70,4 @@ def test_a_killed_driver_continues_when_the_command_is_resubmitted(tiny_assets, 
     assert lines and lines[-1][0] == "1"
     for _, trained, expected, missing, repeated in lines:
         assert trained == expected and missing == repeated == "0"
-    assert f"done: {12 - resumed} steps" in text
+    assert f"done: {6 - resumed} steps" in text

@@ -41,6 +41,9 @@ def plan(num_steps: int, per_step: int) -> list[list[tuple[int, ...]]]:
 
 class FakePrefetcher:
     def __init__(self, *, steps: list[list[tuple[int, ...]]]) -> None:
+        self.reset(steps)
+
+    def reset(self, steps: list[list[tuple[int, ...]]]) -> None:
         self.order = [(s, i, ids) for s, mbs in enumerate(steps) for i, ids in enumerate(mbs)]
         self.steps = steps
 
@@ -58,7 +61,13 @@ class FakeTarget:
     """Writes each sample's id into its row of the slot; checks the slot was consumed first."""
 
     def __init__(self, *, rank: int, num_slots: int) -> None:
-        self.ring = SlotRing(rank, num_slots, MAX_ROWS * WIDTH, torch.float32, "cpu")
+        self.rank, self.ring = rank, None
+        self.reset(num_slots)
+
+    def reset(self, num_slots: int) -> None:
+        """A new ring of ``num_slots`` (every reader closed the old one first)."""
+        self.close()
+        self.ring = SlotRing(self.rank, num_slots, MAX_ROWS * WIDTH, torch.float32, "cpu")
         self.ring.buffer.fill_(CONSUMED)
         self.num_slots = num_slots
         self.most_unconsumed = 0
@@ -82,12 +91,19 @@ class FakeTarget:
         return self.most_unconsumed
 
     def close(self) -> None:
-        self.ring.close()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
 
 
 class FakeDrafter:
     def __init__(self, *, rank: int, gate: Optional[str]) -> None:
-        self.rank = rank
+        self.rank, self.reader = rank, None
+        self.reset(gate)
+
+    def reset(self, gate: Optional[str]) -> None:
+        """Detached from every ring, nothing loaded or trained."""
+        self.close()
         self.gate = Path(gate) if gate else None
         self.reader = RingReader("cpu")
         self.buffer = torch.empty(MAX_ROWS * WIDTH)
@@ -138,7 +154,9 @@ class FakeDrafter:
         raise ValueError("an after-step call failed")
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 class Gated:
@@ -157,31 +175,38 @@ class Gated:
         return value
 
 
+@pytest.fixture(scope="module")
+def fake_actors(ray_session):
+    """One set of fake actors for the module (each is a process that imports torch); every
+    test resets them to its own plan, ring and gate."""
+    where = Placement(cpus=0.1)
+    prefetcher = start_actor(FakePrefetcher, where, steps=[])
+    target = start_actor(FakeTarget, where, rank=0, num_slots=1)
+    drafters = [start_actor(FakeDrafter, where, rank=d, gate=None) for d in range(2)]
+    try:
+        ray.get(target.ring_handle.remote(), timeout=180)
+    except ray.exceptions.GetTimeoutError:  # a failure that says what the cluster holds
+        pytest.fail(f"the fake actors never started: free {ray.available_resources()} "
+                    f"of {ray.cluster_resources()}")
+    yield prefetcher, target, drafters
+    # Readers before the ring's owner, as ActorGroup.close does.
+    ray.get([d.close.remote() for d in drafters])
+    ray.get(target.close.remote())
+    kill_actors([prefetcher, target, *drafters])
+
+
 @pytest.fixture()
-def fakes(ray_session, tmp_path):
-    topologies: list[Topology] = []
+def fakes(fake_actors, tmp_path):
+    prefetcher, target, drafters = fake_actors
 
     def make(steps, num_slots: int, gate: bool = False):
-        where = Placement(cpus=0.1)
-        prefetcher = start_actor(FakePrefetcher, where, steps=steps)
-        target = start_actor(FakeTarget, where, rank=0, num_slots=num_slots)
-        drafters = [start_actor(FakeDrafter, where, rank=d,
-                                gate=str(tmp_path / "gate") if gate else None)
-                    for d in range(2)]
-        topologies.append(Topology(prefetcher, [target], drafters, [0], [0, 0], num_slots))
-        try:
-            handle = ray.get(target.ring_handle.remote(), timeout=180)
-        except ray.exceptions.GetTimeoutError:  # a failure that says what the cluster holds
-            pytest.fail(f"the fake actors never started: free {ray.available_resources()} "
-                        f"of {ray.cluster_resources()}")
+        ray.get([d.reset.remote(str(tmp_path / "gate") if gate else None) for d in drafters])
+        ray.get([target.reset.remote(num_slots), prefetcher.reset.remote(steps)])
+        handle = ray.get(target.ring_handle.remote())
         ray.get([d.attach.remote([handle]) for d in drafters])
-        return topologies[-1]
+        return Topology(prefetcher, [target], drafters, [0], [0, 0], num_slots)
 
-    yield make
-    for topo in topologies:  # readers before the ring's owner, as ActorGroup.close does
-        ray.get([d.close.remote() for d in topo.drafters])
-        ray.get([t.close.remote() for t in topo.targets])
-        kill_actors([topo.prefetcher, *topo.targets, *topo.drafters])
+    return make
 
 
 def test_steps_close_in_order_when_results_arrive_out_of_order(fakes, tmp_path):

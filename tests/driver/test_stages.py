@@ -1,6 +1,8 @@
 """target.stages through the driver: same losses as the single-process reference, refusals
 before any actor starts, and cluster.layout=auto counting a staged target's GPUs."""
 
+import json
+
 import pytest
 
 from pipeline.config import ClusterConfig
@@ -17,22 +19,6 @@ BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval
         "train.export_dtype=float32", "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0",
         "train.plan.grad_accum=2", "data.micro_batch_size=2", "train.plan.max_steps=2",
         "train.checkpoint.final=false"]
-
-
-def test_two_stages_give_the_losses_of_one(ray_cluster, small_train_file, tmp_path):
-    over = BASE + [f"data.train_path={small_train_file}"]
-    staged = compose_job(over + ["target.stages=2", f"train.out_dir={tmp_path / 'ray'}"])
-    driver = Driver(staged)
-    seen = []
-    driver.step_listeners.append(lambda _: seen.append([len(c) for c in driver.actors.chains]))
-    summary = driver.run()
-    assert seen and all(chains == [2] for chains in seen), seen  # one target of 2 stage actors
-    ref = SingleProcessTrainer(compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"]))
-    history = ref.train()
-    assert summary.steps == 2 and len(history) == 2
-    for loss, row in zip(summary.losses, history):
-        assert loss == pytest.approx(row["train/loss"], rel=1e-5)
-    assert summary.checksums_agree and summary.on_main_thread
 
 
 def test_more_stages_than_layers_is_refused(ray_cluster, tiny_assets, tmp_path):
@@ -92,25 +78,41 @@ def test_layout_auto_counts_a_staged_target_as_its_stages():
         choose_layout(rates, 2, ev, stages=2)
 
 
-def test_a_killed_stage_restarts_the_set_and_every_sample_trains_once(ray_cluster,
-                                                                      small_train_file,
-                                                                      tmp_path):
+def test_two_stages_give_the_losses_of_one_and_a_killed_stage_restarts_the_set(
+        ray_cluster, small_train_file, tmp_path):
+    """One staged job: its losses are the unstaged reference's, also for the steps trained
+    again after stage 0 is killed and the set restarts from the last checkpoint; every sample
+    is trained once per epoch."""
     import ray
 
-    out = tmp_path / "run"
-    driver = Driver(compose_job(BASE[:-1] + [
-        "target.stages=2", "train.plan.max_steps=null", "train.checkpoint.every=2",
-        f"data.train_path={small_train_file}", f"train.out_dir={out}"]))
-    killed = []
+    over = BASE[:-2] + ["train.plan.epochs=2", f"data.train_path={small_train_file}"]
+    driver = Driver(compose_job(over + ["target.stages=2", "train.checkpoint.every=2",
+                                        f"train.out_dir={tmp_path / 'ray'}"]))
+    seen, killed = [], []
 
     def kill_stage_0(done: int) -> None:
+        seen.append([len(c) for c in driver.actors.chains])
         if done == 3 and not killed:
             ray.kill(driver.actors.chains[0][0])  # stage 0: the last stage's calls wait on it
             killed.append(done)
     driver.step_listeners.append(kill_stage_0)
     summary = driver.run()
+    assert seen and all(chains == [2] for chains in seen), seen  # one target of 2 stage actors
     assert killed and [r.actor for r in summary.restarts] == ["target 0 stage 0 (node 0)"]
     # Step 4 may be saved before the loss shows.
     assert summary.restarts[0].resumed_step in (2, 4)
     for account in summary.accounts:
         assert account.exact, account.summary()
+    assert [a.epoch for a in summary.accounts] == [0, 1]
+    history = SingleProcessTrainer(compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"])
+                                   ).train()
+    rows = [json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    got = {}
+    for row in rows:
+        if "train/loss" in row:
+            got.setdefault(row["step"], []).append(row["train/loss"])
+    assert summary.end_step == len(history) == 6 and sorted(got) == list(range(1, 7))
+    for i, row in enumerate(history):
+        for loss in got[i + 1]:  # the first try and the one after the restart alike
+            assert loss == pytest.approx(row["train/loss"], rel=1e-5), i + 1
+    assert summary.checksums_agree and summary.on_main_thread
