@@ -1,10 +1,13 @@
-"""A drafter that drafts on a real target, built from scratch in one command (issue 10).
+"""A drafter that drafts on a real target, built from scratch (issues 10 and 25).
 
-    python -m bench.quality_real_corpus --out docs/bench/quality --work /tmp/quality   # H200
+    # H200: two commands of ~9 minutes each (one GPU command may run 10), on the same machine
+    python -m bench.quality_real_corpus --out $OUT --work /tmp/quality --until data
+    python -m bench.quality_real_corpus --out $OUT --work /tmp/quality --resume
     python -m bench.quality_real_corpus --scale tiny --out /tmp/q_out --work /tmp/q    # CPU
 
-Stages, each with a wall-clock budget (bench/quality/scale.py; about 9 minutes on one H200);
-a stage over its budget is reported (``over_budget`` in ``stage_timings``), not stopped:
+Stages, each with a wall-clock budget (bench/quality/scale.py, which also says which stages
+make up each GPU command); a stage over its budget is reported (``over_budget`` in
+``stage_timings``), not stopped:
 1. corpus: every Python source on the machine (the standard library and every installed
    package) and the help topics, split by a hash of the file's name (bench/quality/corpus.py);
    a byte-level BPE with ChatML and a mask token, trained on a subsample;
@@ -20,7 +23,9 @@ a stage over its budget is reported (``over_budget`` in ``stage_timings``), not 
    written apart from the evaluator (bench/quality/reference_decode.py), on the evaluator's
    prompts: ``tau_reference_code``.
 
-Writes ``OUT/quality_real_corpus.json``, ``OUT/curves.png`` (and curves.json/.csv, all that
+``--resume`` goes on from the drafters in a ``--work`` that a ``--until data`` call left, and
+its result file holds both calls' figures and timings (``calls``). Writes
+``OUT/quality_real_corpus.json``, ``OUT/curves.png`` (and curves.json/.csv, all that
 is written when matplotlib is missing), ``OUT/samples.jsonl`` (a few held-out prompts with the
 target's answers) and the last lines of each subprocess log; large files stay in WORK.
 """
@@ -34,6 +39,7 @@ import logging
 import os
 import platform
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -55,49 +61,90 @@ def machine(scale: Scale) -> str:
 
 
 UNTIL = ("target", "data", "drafters")  # the stages a run may stop after
+_STATE = "state.json"  # in WORK: the result so far, the stages done and each call's wall
 
 
-def run(scale: Scale, out: Path, work: Path, until: str = "drafters") -> dict:
+def run(scale: Scale, out: Path, work: Path, until: str = "drafters",
+        resume: bool = False) -> dict:
+    """The stages in order; with ``resume``, what a ``--until data`` call left in ``work``
+    is taken as done and the run goes on from the drafters (one call per GPU command)."""
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
     clock = StageClock(scale.hard_limit_factor, scale.run_limit_s)
     paths = stages.Paths(work)
-    result: dict = {"scale": scale.name, "block_size": scale.block_size,
-                    "date": datetime.date.today().isoformat(), "machine": machine(scale),
-                    "versions": _versions(), "command": _command(scale, out, work, until)}
+    state = load_state(work) if resume else {"result": {}, "done": [], "calls": []}
+    result: dict = state["result"]
+    result.update({"scale": scale.name, "block_size": scale.block_size,
+                   "date": datetime.date.today().isoformat(), "machine": machine(scale),
+                   "versions": _versions()})
+    result.pop("stopped_after", None)
+    done: list[str] = state["done"]
+    timings = dict(result.get("stage_timings", {}))
     budgets = scale.budgets()
+    command = _command(scale, out, work, until, resume)
     try:
-        with clock.stage("corpus", budgets["corpus"]):
-            tokenizer, streams, result["corpus"] = stages.corpus_and_tokenizer(scale)
-        with clock.stage("target", budgets["target"]):
-            result.update(stages.target(scale, tokenizer, streams, paths))
-        if until == "target":
-            result["stopped_after"] = until
-            return result
-        with clock.stage("data", budgets["data"]):
-            result.update(stages.data(scale, tokenizer, streams, paths, clock))
-        if until == "data":
-            result["stopped_after"] = until
-            return result
+        if "data" not in done:
+            with clock.stage("corpus", budgets["corpus"]):
+                tokenizer, streams, result["corpus"] = stages.corpus_and_tokenizer(scale)
+            done.append("corpus")
+            with clock.stage("target", budgets["target"]):
+                result.update(stages.target(scale, tokenizer, streams, paths))
+            done.append("target")
+            if until == "target":
+                result["stopped_after"] = until
+                return result
+            with clock.stage("data", budgets["data"]):
+                result.update(stages.data(scale, tokenizer, streams, paths, clock))
+            done.append("data")
+            if until == "data":
+                result["stopped_after"] = until
+                return result
+            # One process running both calls' stages: the run limit is per GPU command.
+            clock.new_call()
         _copy_samples(paths.heldout_data, out / "samples.jsonl", 4)
         with clock.stage("drafters", budgets["drafters"]):
             trainers = stages.drafters(scale, paths, clock)
         _add_drafter_figures(result, trainers, scale)
         with clock.stage("export", budgets["export"]):
             result.update(stages.export_tau(scale, paths))
+        done.extend(["drafters", "export"])
         tau_p, tau_c = result.get("tau_pipeline"), result["tau_reference_code"]
         result["goals"]["export_tau_reproduced"] = bool(tau_p and abs(tau_c - tau_p) / tau_p
                                                         <= 0.05)
         result["plots"] = plot_curves({k: t.curves for k, t in trainers.items()},
                                       scale.block_size, out)
     finally:
-        result["stage_timings"] = clock.stages
-        result["over_budget"] = clock.over_budget()
+        timings.update(clock.stages)
+        state["calls"].append({"command": command, "wall_s": round(time.perf_counter() - started, 1),
+                               "stages": list(clock.stages)})
+        result["command"] = " && ".join(call["command"] for call in state["calls"])
+        result["calls"] = state["calls"]
+        result["stage_timings"] = timings
+        result["over_budget"] = [n for n, t in timings.items() if t["over_budget"]]
         result["budget_policy"] = {"hard_limit_factor": scale.hard_limit_factor,
-                                   "run_limit_s": scale.run_limit_s}
-        result["total_wall_s"] = round(clock.elapsed(), 1)
+                                   "run_limit_s": scale.run_limit_s,
+                                   "calls": [list(c) for c in scale.calls()]}
+        result["total_wall_s"] = round(sum(call["wall_s"] for call in state["calls"]), 1)
+        (work / _STATE).write_text(json.dumps(state, indent=2))
         _copy_log_tails(paths, out)
         (out / "quality_real_corpus.json").write_text(json.dumps(result, indent=2))
         log.info("wrote %s", out / "quality_real_corpus.json")
     return result
+
+
+def load_state(work: Path) -> dict:
+    """What an earlier ``--until data`` call left in ``work``; refuses anything less."""
+    path = work / _STATE
+    state = json.loads(path.read_text()) if path.exists() else None
+    if state is None or "data" not in state["done"] or "drafters" in state["done"]:
+        have = "nothing" if state is None else ", ".join(state["done"]) or "no stage"
+        raise ResumeError(f"--resume needs --work {work} as a --until data call left it "
+                          f"(corpus, target and data done, drafters not); it has {have} done")
+    return state
+
+
+class ResumeError(RuntimeError):
+    pass
 
 
 def _add_drafter_figures(result: dict, trainers: dict, scale: Scale) -> None:
@@ -137,8 +184,8 @@ def _versions() -> dict:
             "transformers": transformers.__version__}
 
 
-def _command(scale: Scale, out: Path, work: Path, until: str) -> str:
-    tail = "" if until == "drafters" else f" --until {until}"
+def _command(scale: Scale, out: Path, work: Path, until: str, resume: bool) -> str:
+    tail = ("" if until == "drafters" else f" --until {until}") + (" --resume" if resume else "")
     return (f"python -m bench.quality_real_corpus --scale {scale.name} --out {out} "
             f"--work {work}{tail}")
 
@@ -151,10 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--until", default="drafters", choices=UNTIL,
                    help="stop after this stage (target: the corpus and the target only)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the drafters in a --work that a --until data call left "
+                        "(the GPU scale's second command)")
     args = p.parse_args(argv)
     scale = get_scale(args.scale)
     if scale.device == "cuda" and not torch.cuda.is_available():
         p.exit(2, f"{p.prog}: error: --scale {scale.name} needs CUDA; use --scale tiny\n")
+    if args.resume and args.until != "drafters":
+        p.exit(2, f"{p.prog}: error: --resume runs the drafters; --until {args.until} "
+                  "stops before them\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
@@ -163,11 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     if work.exists() and any(work.iterdir()) and not (work / _MARKER).exists():
         p.exit(2, f"{p.prog}: error: --work {work} exists and was not made by this script; "
                   "give an empty or new directory\n")
-    shutil.rmtree(work, ignore_errors=True)  # a fresh build: regenerate would resume old output
-    work.mkdir(parents=True)
-    (work / _MARKER).write_text("made by bench.quality_real_corpus; deleted on its next run\n")
+    if args.resume:
+        try:
+            load_state(work)
+        except ResumeError as e:
+            p.exit(2, f"{p.prog}: error: {e}\n")
+    else:
+        # A fresh build: regenerate would resume old output.
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        (work / _MARKER).write_text("made by bench.quality_real_corpus; deleted on its next "
+                                    "run without --resume\n")
     torch.set_float32_matmul_precision("high")
-    result = run(scale, out, work, args.until)
+    result = run(scale, out, work, args.until, args.resume)
     print(json.dumps({k: result.get(k) for k in (
         "block_size", "target_params", "target_heldout_loss", "target_train_files_loss",
         "target_heldout_over_train", "target_epochs", "tau_pipeline", "tau_reference",

@@ -49,6 +49,10 @@ class StageClock:
             limit = min(limit, max(0.0, self.run_limit_s - self.elapsed()))
         return limit
 
+    def new_call(self) -> None:
+        """The run limit counts from now: the stages after this are a second GPU command's."""
+        self.start = time.perf_counter()
+
     def over_budget(self) -> list[str]:
         return [name for name, stage in self.stages.items() if stage["over_budget"]]
 
