@@ -115,8 +115,8 @@ def run(scale: Scale, out: Path, work: Path, until: str = "drafters",
                                       scale.block_size, out)
     finally:
         timings.update(clock.stages)
-        state["calls"].append({"command": command, "wall_s": round(time.perf_counter() - started, 1),
-                               "stages": list(clock.stages)})
+        wall = round(time.perf_counter() - started, 1)
+        state["calls"].append({"command": command, "wall_s": wall, "stages": list(clock.stages)})
         result["command"] = " && ".join(call["command"] for call in state["calls"])
         result["calls"] = state["calls"]
         result["stage_timings"] = timings

@@ -3,7 +3,8 @@
 A budget is what a stage is expected to take; overrunning it is a warning and a flag in the
 result file (``over_budget``), never a failure. A stage's subprocess is stopped only at its
 hard limit: ``hard_limit_factor`` times its budget, and never past ``run_limit_s`` from the
-start of the run, so the result file is still written before the command's own limit.
+start of the run (or of its second GPU command, ``new_call``), so the result file is still
+written before the command's own limit.
 """
 
 from __future__ import annotations
