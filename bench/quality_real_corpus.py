@@ -61,7 +61,8 @@ def machine(scale: Scale) -> str:
 
 
 UNTIL = ("target", "data", "drafters")  # the stages a run may stop after
-_STATE = "state.json"  # in WORK: the result so far, the stages done and each call's wall
+_TAUS = ("tau_pipeline", "tau_reference", "tau_reference_code")  # what a whole run measures
+_STATE = "state.json"  # in WORK: the result so far (each call's wall in it) and the stages done
 
 
 def run(scale: Scale, out: Path, work: Path, until: str = "drafters",
@@ -72,14 +73,15 @@ def run(scale: Scale, out: Path, work: Path, until: str = "drafters",
     out.mkdir(parents=True, exist_ok=True)
     clock = StageClock(scale.hard_limit_factor, scale.run_limit_s)
     paths = stages.Paths(work)
-    state = load_state(work) if resume else {"result": {}, "done": [], "calls": []}
+    state = load_state(work) if resume else {"result": {}, "done": []}
     result: dict = state["result"]
     result.update({"scale": scale.name, "block_size": scale.block_size,
                    "date": datetime.date.today().isoformat(), "machine": machine(scale),
                    "versions": _versions()})
     result.pop("stopped_after", None)
     done: list[str] = state["done"]
-    timings = dict(result.get("stage_timings", {}))
+    timings = result.setdefault("stage_timings", {})
+    calls = result.setdefault("calls", [])
     budgets = scale.budgets()
     command = _command(scale, out, work, until, resume)
     try:
@@ -116,15 +118,13 @@ def run(scale: Scale, out: Path, work: Path, until: str = "drafters",
     finally:
         timings.update(clock.stages)
         wall = round(time.perf_counter() - started, 1)
-        state["calls"].append({"command": command, "wall_s": wall, "stages": list(clock.stages)})
-        result["command"] = " && ".join(call["command"] for call in state["calls"])
-        result["calls"] = state["calls"]
-        result["stage_timings"] = timings
+        calls.append({"command": command, "wall_s": wall, "stages": list(clock.stages)})
+        result["command"] = " && ".join(call["command"] for call in calls)
         result["over_budget"] = [n for n, t in timings.items() if t["over_budget"]]
         result["budget_policy"] = {"hard_limit_factor": scale.hard_limit_factor,
                                    "run_limit_s": scale.run_limit_s,
                                    "calls": [list(c) for c in scale.calls()]}
-        result["total_wall_s"] = round(sum(call["wall_s"] for call in state["calls"]), 1)
+        result["total_wall_s"] = round(sum(call["wall_s"] for call in calls), 1)
         (work / _STATE).write_text(json.dumps(state, indent=2))
         _copy_log_tails(paths, out)
         (out / "quality_real_corpus.json").write_text(json.dumps(result, indent=2))
@@ -216,24 +216,27 @@ def main(argv: list[str] | None = None) -> int:
     if work.exists() and any(work.iterdir()) and not (work / _MARKER).exists():
         p.exit(2, f"{p.prog}: error: --work {work} exists and was not made by this script; "
                   "give an empty or new directory\n")
-    if args.resume:
-        try:
-            load_state(work)
-        except ResumeError as e:
-            p.exit(2, f"{p.prog}: error: {e}\n")
-    else:
+    if not args.resume:
         # A fresh build: regenerate would resume old output.
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         (work / _MARKER).write_text("made by bench.quality_real_corpus; deleted on its next "
                                     "run without --resume\n")
     torch.set_float32_matmul_precision("high")
-    result = run(scale, out, work, args.until, args.resume)
+    try:
+        result = run(scale, out, work, args.until, args.resume)
+    except ResumeError as e:  # raised before any stage runs or any file is written
+        p.exit(2, f"{p.prog}: error: {e}\n")
     print(json.dumps({k: result.get(k) for k in (
         "block_size", "target_params", "target_heldout_loss", "target_train_files_loss",
         "target_heldout_over_train", "target_epochs", "tau_pipeline", "tau_reference",
         "tau_reference_code",
         "drafter_train_gpu_minutes", "total_wall_s")}))
+    missing = [k for k in _TAUS if "stopped_after" not in result and result.get(k) is None]
+    if missing:
+        log.error("no %s: the drafters ran but gave no tau (see their logs in --out)",
+                  ", ".join(missing))
+        return 1
     return 0
 
 

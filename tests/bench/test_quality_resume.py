@@ -105,3 +105,14 @@ def test_resume_with_until_is_refused(tmp_path, capsys):
                     str(tmp_path / "w"), "--resume", "--until", "data"])
     assert refused.value.code == 2
     assert "--resume runs the drafters" in capsys.readouterr().err
+
+
+def test_a_whole_run_without_a_tau_does_not_end_rc_0(tmp_path, calls, monkeypatch):
+    out, work = tmp_path / "o", tmp_path / "w"
+    args = ["--scale", "tiny", "--out", str(out), "--work", str(work)]
+    assert bench.main(args) == 0
+    monkeypatch.setattr(stages, "trainer_summary", lambda trainers: {
+        "pipeline": {"final_tau": None}, "reference": {"final_tau": 2.0}})
+    assert bench.main(args) == 1  # the evaluator never gave the pipeline's tau
+    assert json.loads((out / "quality_real_corpus.json").read_text())["tau_pipeline"] is None
+    assert bench.main(args + ["--until", "data"]) == 0  # stopped before any tau, as asked
