@@ -8,16 +8,21 @@ DictConfig travels past them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from pipeline.data.config import DataConfig
 from pipeline.eval.config import EvalConfig
 from pipeline.model.config import DrafterConfig
 from pipeline.training.config import OptimConfig, PlanConfig
-from pipeline.config_keys import reject_moved_keys, reject_unknown_keys
+from pipeline.config_keys import (composition_line, reject_moved_keys, reject_unknown_keys,
+                                  reject_unknown_override)
 from pipeline.validate import require, require_choice
 
-__all__ = ["JobConfig", "reject_moved_keys", "register_configs", "to_job_config"]
+__all__ = ["JobConfig", "check_command_line", "reject_moved_keys", "register_configs",
+           "to_job_config"]
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the entry points' config_path
 
 
 @dataclass
@@ -268,6 +273,68 @@ def to_job_config(cfg: Any) -> JobConfig:
     if not isinstance(obj, JobConfig):
         raise TypeError(f"expected a config composed on job_schema, got {type(obj).__name__}")
     return obj
+
+
+def check_command_line(argv: Sequence[str], config_name: str = "config") -> None:
+    """ValueError, in one line, for the first config mistake of a Hydra entry point's command.
+
+    Run before Hydra's main (so before any run folder, log or Ray): a moved or unknown key
+    (with or without '+', naming the nearest), a value of the wrong type, an unknown option of
+    a config group or --config-name, an unresolvable interpolation. Hydra's own report of
+    these is several lines and exits 1. Values are checked later, in one line as well, by
+    :func:`to_job_config`. A command line this cannot judge (--help, --multirun sweeps,
+    another --config-path/--config-dir) is left to Hydra.
+    """
+    parsed = _overrides_of(argv)
+    if parsed is not None:
+        check_overrides(parsed[0], parsed[1] or config_name)
+
+
+def check_overrides(overrides: Sequence[str], config_name: str = "config") -> None:
+    """Compose ``overrides`` on conf/``config_name`` as the entry points do; ValueError in one
+    line for the first key, type, option or interpolation mistake."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    reject_moved_keys(overrides)
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException as e:  # Hydra's own message does not say which override
+            why = str(e).strip().splitlines()[0]
+            raise ValueError(f"{override!r} is not a valid override ({why}): key=value, "
+                             "+key=value or ~key") from None
+        reject_unknown_override(override, JobConfig)
+    available = sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+    if config_name.removesuffix(".yaml") not in available:
+        raise ValueError(f"--config-name {config_name}: no such config in {CONF_DIR}; "
+                         f"available: {', '.join(available)}")
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose(config_name, overrides=list(overrides))
+        reject_unknown_keys(cfg, JobConfig)  # keys the yaml files add
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ValueError(composition_line(e, overrides, JobConfig)) from None
+
+
+def _overrides_of(argv: Sequence[str]) -> Optional[tuple[list[str], Optional[str]]]:
+    """(overrides, --config-name) of a Hydra entry point's argv, by Hydra's own parser."""
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
+
+    if any(a in ("-h", "--help", "--hydra-help", "--version", "-sc") or
+           a.startswith("--shell-completion") for a in argv):
+        return None
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if args.multirun or args.config_path or args.config_dir or args.experimental_rerun:
+        return None
+    return args.overrides, args.config_name
 
 
 def check_across_sections(job: JobConfig) -> None:

@@ -13,7 +13,7 @@ import sys
 import hydra
 
 from pipeline.checkpoint import step_folders
-from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
 from pipeline.training.single import SingleProcessTrainer
@@ -56,8 +56,9 @@ def _train(trainer: SingleProcessTrainer) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        reject_moved_keys(sys.argv[1:])  # before Hydra, which would only call the key unknown
+    try:  # a config mistake in one line before Hydra, whose own report is several
+        check_command_line(sys.argv[1:])
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()
