@@ -176,7 +176,8 @@ def composition_line(error: Exception, overrides: Sequence[str], schema: type) -
                     f"one ({key}.<key>=value)")
         if hint is not None:
             return f"{key}={_given(key, overrides)}: expected {expected(hint)}"
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and isinstance(cause.parent_node, DictConfig):
+    unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
+    if unknown_key and isinstance(cause.parent_node, DictConfig):
         prefix = full_key.rpartition(".")[0]
         prefix = f"{prefix}." if prefix else ""
         return _unknown(full_key, prefix, sorted(str(k) for k in cause.parent_node.keys()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Union
 
@@ -74,4 +75,7 @@ def _write_export(staging: Path, out: Path, config: dict, state: dict[str, torch
         raise
     with writing(out / MODELING_FILE.name):
         shutil.copyfile(MODELING_FILE, staging / MODELING_FILE.name)
+    # safetensors creates its file 0600 whatever the umask; the export is read as the run's
+    # other files are (by the group, under umask 002): the mode open() gave config.json.
+    os.chmod(staging / "model.safetensors", stat.S_IMODE((staging / "config.json").stat().st_mode))
 
