@@ -294,11 +294,10 @@ def check_overrides(overrides: Sequence[str], config_name: str = "config") -> No
     """Compose ``overrides`` on conf/``config_name`` as the entry points do; ValueError in one
     line for the first key, type, option or interpolation mistake."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     reject_moved_keys(overrides)
     parser = OverridesParser.create()

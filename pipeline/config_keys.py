@@ -66,19 +66,15 @@ def reject_unknown_override(override: str, schema: type) -> None:
     key = override_key(override)
     if key.split(".")[0] == "hydra" or "/" in key or "@" in key:
         return
-    hint = _resolve(key, schema)
+    hint = field_type(key, schema)
     if override.startswith("+") and not override.startswith("++") and hint is not None:
         raise ValueError(f"{override}: {key} is a config key already: set it without the "
                          f"'+' ({override[1:]})")
 
 
 def field_type(key: str, schema: type) -> Any:
-    """The type hint of dotted ``key`` in ``schema``; None inside a free-form section."""
-    return _resolve(key, schema)
-
-
-def _resolve(key: str, schema: type) -> Any:
-    node: Any = schema
+    """The type hint of dotted ``key`` in ``schema``; None inside a free-form section.
+    ValueError naming the nearest key when ``key`` is not in the schema."""
     hint: Any = schema
     parts = key.split(".")
     for i, part in enumerate(parts):
@@ -172,26 +168,26 @@ def composition_line(error: Exception, overrides: Sequence[str], schema: type) -
         except ValueError:  # not a key of the job's schema: Hydra's own config
             hint = None
         if dataclasses.is_dataclass(hint):
-            return (f"{key}={_given(key, overrides)}: {key} is a section: set its keys one by "
-                    f"one ({key}.<key>=value)")
+            return (f"{_given(key, overrides)}: {key} is a section: set its keys one by one "
+                    f"({key}.<key>=value)")
         if hint is not None:
-            return f"{key}={_given(key, overrides)}: expected {expected(hint)}"
+            return f"{_given(key, overrides)}: expected {expected(hint)}"
     unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
     if unknown_key and isinstance(cause.parent_node, DictConfig):
         prefix = full_key.rpartition(".")[0]
         prefix = f"{prefix}." if prefix else ""
         return _unknown(full_key, prefix, sorted(str(k) for k in cause.parent_node.keys()))
     if cause is None and getattr(error, "full_key", None):  # e.g. an interpolation's
-        lines = [f"{error.full_key}={_given(error.full_key, overrides)}", _first_line(error)]
+        lines = [_given(error.full_key, overrides), _first_line(error)]
     else:
         lines = [_first_line(error)] + ([_first_line(cause)] if cause is not None else [])
     return ": ".join(line for line in lines if line)
 
 
 def _given(key: str, overrides: Sequence[str]) -> str:
-    """The value the command line gave ``key`` (its last override wins, as in Hydra)."""
+    """``key=value`` as the command line gave it (the last override wins, as in Hydra)."""
     values = [o.split("=", 1)[1] for o in overrides if "=" in o and override_key(o) == key]
-    return values[-1] if values else "?"
+    return f"{key}={values[-1]}" if values else f"{key} (as conf/ sets it)"
 
 
 def _first_line(error: BaseException) -> str:
