@@ -15,6 +15,24 @@ RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
                  "logging_level": "WARNING"}
 
 
+# Module-scoped fixtures that cost nothing to build again on another xdist worker.
+_CHEAP_MODULE_FIXTURES = {"ray_session"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """Under ``-n N --dist loadgroup`` (pytest-xdist), keep a module's tests on one worker when
+    they share an expensive module-scoped fixture (a set of actors, a training run whose outputs
+    several tests check), so it is built once; every other test is handed out on its own.
+    Without xdist the mark does nothing."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        if any(name not in _CHEAP_MODULE_FIXTURES and fixturedefs[-1].scope == "module"
+               for name, fixturedefs in defs.items()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def _save_random_target(path, head_dim: int):
     """A small random-weight Qwen3 saved with save_pretrained (the real loading path)."""
     torch.manual_seed(0)
