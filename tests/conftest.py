@@ -1,7 +1,15 @@
 """Fixtures shared by the whole suite: a small random Qwen3 target and a drafter for it."""
 
-import pytest
-import torch
+import os
+
+# Under pytest-xdist several workers share the cores: one torch thread each (and in the CLIs,
+# Ray clusters and subprocesses they start), since OpenMP threads that wait for each other on
+# an oversubscribed machine run many times slower. Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pipeline.model.config import DrafterConfig, build_drafter_spec
@@ -13,6 +21,34 @@ MASK_ID = 95
 # The suite's local Ray (a test that needs another cluster brings this one back afterwards).
 RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
                  "logging_level": "WARNING"}
+
+
+def pytest_sessionstart(session):
+    """Under pytest-xdist (``-n N``), build the tiny assets in the controlling process before
+    the workers start: built inside a worker, the build's threads would compete with the other
+    workers' tests (and its test's timeout would count that). Built or not, one check."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from pipeline.assets import ensure_tiny_assets
+        ensure_tiny_assets()
+
+
+# Module-scoped fixtures that cost nothing to build again on another xdist worker.
+_CHEAP_MODULE_FIXTURES = {"ray_session"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """Under ``-n N --dist loadgroup`` (pytest-xdist), keep a module's tests on one worker when
+    they share an expensive module-scoped fixture (a set of actors, a training run whose outputs
+    several tests check), so it is built once; every other test is handed out on its own.
+    Without xdist the mark does nothing."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        if any(name not in _CHEAP_MODULE_FIXTURES and fixturedefs[-1].scope == "module"
+               for name, fixturedefs in defs.items()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def _save_random_target(path, head_dim: int):
