@@ -26,6 +26,7 @@ class RealScale:
     seed: int = 0
     # Prompts (bench/real_model_prompts.py).
     packages: bool = True  # every installed package, not only the standard library
+    heldout_fraction: float = 0.05  # of source modules, by a hash of the module's name
     max_corpus_chars: int = 0  # 0: every source file
     train_prompts: int = 4096
     heldout_prompts: int = 64  # held-out modules' explain prompts (the second held-out set)
@@ -66,11 +67,12 @@ H200 = RealScale(name="h200", device="cuda")
 
 # The chain on two shared CPU cores in a few minutes: a tiny Llama GGUF, stdlib prompts.
 TINY = RealScale(
-    name="tiny", device="cpu", gguf=None, packages=False, max_corpus_chars=400_000,
+    name="tiny", device="cpu", gguf=None, packages=False, max_corpus_chars=1_500_000,
+    heldout_fraction=0.25,
     train_prompts=48, heldout_prompts=4, humaneval_prompts=4, max_new_tokens=24,
     regen_batch_size=32, block_size=4, drafter_layers=1, target_layer_ids=(1, 2, 4),
     mask_token_id=3, num_anchors=16, micro_batch_size=4, epochs=1, max_steps=4, lr=3e-3,
-    max_length=512, eval_every=-1, eval_prompts=2, eval_max_new_tokens=12, attention="sdpa",
+    max_length=512, eval_every=0, eval_prompts=2, eval_max_new_tokens=12, attention="sdpa",
     compile="off", cluster_device="cpu", cpus_per_actor=0.5, curve_max_steps=2,
     regen_budget_s=300.0, train_budget_s=400.0, curve_budget_s=200.0)
 

@@ -78,7 +78,7 @@ def convert(scale: RealScale, w: Work, result: dict) -> dict:
 def prompts(scale: RealScale, w: Work, result: dict) -> dict:
     """All prompts of the machine's APIs, then seeded samples of the sizes asked, written
     as one regenerate input: training, HumanEval, held-out explain prompts in that order."""
-    stats = write_prompt_files(w.path("prompts"), packages=scale.packages,
+    stats = write_prompt_files(w.path("prompts"), scale.heldout_fraction, packages=scale.packages,
                                humaneval=scale.humaneval, seed=scale.seed,
                                max_corpus_chars=scale.max_corpus_chars)
     rng = random.Random(scale.seed)

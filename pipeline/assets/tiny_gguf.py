@@ -117,7 +117,11 @@ def _add_tokenizer(writer, tokenizer) -> None:
     writer.add_token_list(tokens)
     writer.add_token_types([_CONTROL if i in special else _NORMAL for i in range(len(tokens))])
     writer.add_token_merges(merges)
-    for add, token_id in ((writer.add_bos_token_id, tokenizer.bos_token_id),
+    # transformers 5.17 reads a gpt2-type GGUF tokenizer only when the file names a BOS
+    # token (SmolLM2's does); a tokenizer without one gets its pad token there, as GPT-2's
+    # <|endoftext|> is both. A gpt2-type tokenizer never adds it to the text.
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
+    for add, token_id in ((writer.add_bos_token_id, bos),
                           (writer.add_eos_token_id, tokenizer.eos_token_id),
                           (writer.add_pad_token_id, tokenizer.pad_token_id)):
         if token_id is not None:

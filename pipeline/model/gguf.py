@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 ENV_VAR = "DFLASH_GGUF_CACHE"
 SUFFIX = ".gguf"
 MANIFEST = "gguf_source.json"  # written last: its presence marks a finished conversion
+# Raised when the conversion changes: a folder an older converter wrote is converted again.
+CONVERTER_VERSION = 2
 # What transformers needs to read a GGUF file; `pip install -e .[gguf]` installs both.
 NEEDS = ("gguf", "accelerate")
 INSTALL_HINT = "pip install -e .[gguf]"
@@ -81,7 +83,11 @@ def gguf_folder(path: str, root: str | None = None) -> str:
 
 
 def _is_converted(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, MANIFEST))
+    try:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            return json.load(f).get("converter") == CONVERTER_VERSION
+    except (OSError, ValueError):
+        return False
 
 
 def _convert_atomically(path: str, folder: str) -> None:
@@ -106,6 +112,7 @@ def convert(path: str, out_dir: str) -> dict:
 
     folder, name = os.path.split(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    _set_special_tokens(tokenizer, path)
     # The conversion is announced in one line by the caller: no progress bars over it.
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -128,7 +135,7 @@ def convert(path: str, out_dir: str) -> dict:
     if tokenizer.chat_template is None:
         log.warning("%s carries no chat template (tokenizer.chat_template metadata): chat "
                     "data cannot be rendered for this target", path)
-    manifest = {"source": path, "sha256": file_sha256(path),
+    manifest = {"source": path, "sha256": file_sha256(path), "converter": CONVERTER_VERSION,
                 "model_type": config.model_type,
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "transformers": transformers.__version__,
@@ -136,6 +143,21 @@ def convert(path: str, out_dir: str) -> dict:
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)
     return manifest
+
+
+def _set_special_tokens(tokenizer, path: str) -> None:
+    """eos, bos and pad as the file names them. transformers 5.17 builds a Llama file's
+    byte-level BPE with its BOS as eos (SmolLM2: <|im_start|> instead of <|im_end|>), which
+    would end no generated turn and mask the wrong token; 5.24 reads them right."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    for attr, key in (("eos_token", "eos_token_id"), ("bos_token", "bos_token_id"),
+                      ("pad_token", "padding_token_id")):
+        field = reader.fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            token_id = int(field.parts[field.data[0]][0])
+            setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
 
 
 def _clean_config(config):
