@@ -1,10 +1,14 @@
 """Sizes of bench/real_model.py per scale: ``h200`` (one H200, ~9 GPU-minutes) and ``tiny``.
 
-The H200 figures are estimates, not measurements (no GPU run yet): SmolLM2-135M answers 4,096
-prompts of at most 192 new tokens in batches of 512 (about a minute), both drafter trainers
-run for 1,200 steps side by side (about 4 minutes), the export is decoded on 32 HumanEval and
-32 held-out prompts (about a minute). ``--curve`` adds 4 reference runs (about 3 minutes).
-Every size is a flag of bench/real_model.py, so a run can be cut to the GPU time at hand.
+The H200 figures are estimates, not measurements (no GPU run yet). First call (``--until
+data``, ~3 min): convert (~0.5 min: dequantising 98 MB on the CPU), prompts (~1 min: a
+hash-ordered 40M characters of the machine's sources), data (~1.5 min: SmolLM2-135M answers
+6,144 + 164 + 64 prompts of at most 192 new tokens in batches of 512). Second call
+(``--curve``, ~6.5 min): both trainers side by side, 768 steps of 32 samples (4 epochs, ~3.5
+min), the export decoded on 32 HumanEval and 32 held-out prompts (~1 min), the reference on
+384, 968 and 2,438 samples (~2 min). Every size is a flag of bench/real_model.py, so a run
+can be cut to the GPU time at hand; every stage holds the machine, so each counts its wall
+time as GPU minutes.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ class RealScale:
     # Prompts (bench/real_model_prompts.py).
     packages: bool = True  # every installed package, not only the standard library
     heldout_fraction: float = 0.05  # of source modules, by a hash of the module's name
-    max_corpus_chars: int = 0  # 0: every source file
-    train_prompts: int = 4096
+    max_corpus_chars: int = 40_000_000  # a hash-ordered spread over every package (0: all)
+    train_prompts: int = 6144
     heldout_prompts: int = 64  # held-out modules' explain prompts (the second held-out set)
     humaneval_prompts: int = 164
     # Regeneration.
@@ -41,22 +45,21 @@ class RealScale:
     mask_token_id: Optional[int] = None  # None: the preset's
     num_anchors: int = 256
     micro_batch_size: int = 32
-    epochs: int = 10
-    max_steps: int = 1200
+    epochs: int = 4
+    max_steps: int = 800
     lr: float = 1.5e-3
     max_length: int = 768
-    eval_every: int = 600
+    eval_every: int = 400
     eval_prompts: int = 32  # HumanEval prompts the evaluator and the export decode
     eval_max_new_tokens: int = 128
     attention: str = "flex"
     compile: str = "default"
     cluster_device: str = "cuda"
     cpus_per_actor: float = 4.0
-    curve_max_steps: int = 300  # each --curve run: the reference trainer alone
     # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
     regen_budget_s: float = 150.0
     train_budget_s: float = 300.0
-    curve_budget_s: float = 60.0
+    curve_budget_s: float = 60.0  # each --curve run: the reference trainer alone
 
     def with_sizes(self, **sizes) -> "RealScale":
         """This scale with the flags given (None: unchanged)."""
@@ -73,7 +76,7 @@ TINY = RealScale(
     regen_batch_size=32, block_size=4, drafter_layers=1, target_layer_ids=(1, 2, 4),
     mask_token_id=3, num_anchors=16, micro_batch_size=4, epochs=1, max_steps=4, lr=3e-3,
     max_length=512, eval_every=0, eval_prompts=2, eval_max_new_tokens=12, attention="sdpa",
-    compile="off", cluster_device="cpu", cpus_per_actor=0.5, curve_max_steps=2,
+    compile="off", cluster_device="cpu", cpus_per_actor=0.5,
     regen_budget_s=300.0, train_budget_s=400.0, curve_budget_s=200.0)
 
 SCALES = {s.name: s for s in (H200, TINY)}

@@ -232,13 +232,18 @@ def _acceptance(decoded, block_size: int) -> dict:
             "accepted_at_position": share}
 
 
+def curve_sizes(total: int) -> list[int]:
+    """``CURVE_POINTS`` training-set sizes, geometric from total/16 up to total."""
+    return [max(1, round(total * 16 ** (-k / (CURVE_POINTS - 1))))
+            for k in range(CURVE_POINTS - 1, -1, -1)]
+
+
 def curve(scale: RealScale, w: Work, result: dict) -> dict:
     """The reference trainer on N/16, N/6.3, N/2.5 training samples, each alone on the device,
     and the drafters stage's reference run as the point N (it shared the device)."""
     lines = w.data("train").read_text().splitlines()
     rows = []
-    for k in range(CURVE_POINTS - 1, 0, -1):
-        n = max(1, round(len(lines) * 16 ** (-k / (CURVE_POINTS - 1))))
+    for n in curve_sizes(len(lines))[:-1]:
         subset = w.data(f"train_{n}")
         subset.write_text("\n".join(lines[:n]) + "\n")
         job = _trainer(f"curve_{n}", "pipeline.train_single", scale, w, subset,
