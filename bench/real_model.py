@@ -8,7 +8,7 @@
 
 Stages, each resumable (``WORK/state.json`` records those done; a call runs the ones not done,
 up to ``--until``):
-1. convert: the GGUF file into a cached HF folder (pipeline/model/gguf.py), as ``target.path``
+1. convert: the GGUF file into a cached HF folder (pipeline/assets/gguf.py), as ``target.path``
    does in every trainer;
 2. prompts: prompts-only chat lines about every documented API on the machine, split by source
    module (bench/real_model_prompts.py), and HumanEval's prompts;

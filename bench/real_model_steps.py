@@ -59,7 +59,7 @@ def gguf_path(scale: RealScale, w: Work) -> str:
 
 
 def convert(scale: RealScale, w: Work, result: dict) -> dict:
-    from pipeline.model.gguf import gguf_folder
+    from pipeline.assets.gguf import gguf_folder
 
     source = gguf_path(scale, w)
     if scale.gguf is None:  # the tiny scale: a tiny Llama written as SmolLM2's file is

@@ -2,7 +2,7 @@
 
 ``builtin:tiny-<model_type>`` (target only) means a tiny random-weight target of that family.
 A path ending in ``.gguf`` (target only) is a GGUF file, converted once into a cached HF folder
-(pipeline/model/gguf.py). Anything else is taken as a real path and returned unchanged (``~``
+(pipeline/assets/gguf.py). Anything else is taken as a real path and returned unchanged (``~``
 expanded), so configs can name either the demo or a user's own model and data.
 """
 
@@ -13,7 +13,7 @@ from typing import Optional
 
 from pipeline.assets.cache import ensure_tiny_assets
 from pipeline.assets.family_targets import FAMILY_TARGETS, ensure_family_target
-from pipeline.model.gguf import gguf_folder, is_gguf
+from pipeline.assets.gguf import gguf_folder, is_gguf
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny",)
@@ -34,7 +34,7 @@ def resolve_target_path(value: str) -> str:
     """``builtin:tiny`` -> the tiny target's folder (built on first use);
     ``builtin:tiny-<model_type>`` -> a tiny random-weight target of that family
     (pipeline/assets/family_targets.py); ``*.gguf`` -> its converted HF folder (converted on
-    first use, pipeline/model/gguf.py); else ``value``."""
+    first use, pipeline/assets/gguf.py); else ``value``."""
     family = value[len(BUILTIN_PREFIX + "tiny-"):]
     if value.startswith(BUILTIN_PREFIX + "tiny-"):
         if family not in FAMILY_TARGETS:

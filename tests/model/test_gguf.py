@@ -23,7 +23,7 @@ pytest.importorskip("gguf")
 from pipeline.assets import resolve_target_path  # noqa: E402
 from pipeline.assets.family_targets import tiny_base_tokenizer  # noqa: E402
 from pipeline.assets.tiny_gguf import tiny_llama, write_gguf  # noqa: E402
-from pipeline.model import gguf as gguf_mod  # noqa: E402
+from pipeline.assets import gguf as gguf_mod  # noqa: E402
 from pipeline.preflight import PreflightError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,9 +70,9 @@ def test_converted_once_then_reused_silently(tiny_source, gguf_cache, tmp_path, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tokenizer, path = tiny_source
-    with caplog.at_level(logging.INFO, logger="pipeline.model.gguf"):
+    with caplog.at_level(logging.INFO, logger="pipeline.assets.gguf"):
         folder = _converted(path, gguf_cache, monkeypatch)
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.model.gguf"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.assets.gguf"]
     assert len(lines) == 1 and "converting GGUF" in lines[0] and folder in lines[0]
     assert Path(folder).name == gguf_mod.file_sha256(str(path))
     assert sorted(os.listdir(gguf_cache)) == sorted([Path(folder).name, Path(folder).name
@@ -81,9 +81,9 @@ def test_converted_once_then_reused_silently(tiny_source, gguf_cache, tmp_path, 
     copy = tmp_path / "renamed.gguf"
     shutil.copy(path, copy)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="pipeline.model.gguf"):
+    with caplog.at_level(logging.INFO, logger="pipeline.assets.gguf"):
         assert _converted(copy, gguf_cache, monkeypatch) == folder
-    assert not [r for r in caplog.records if r.name == "pipeline.model.gguf"]
+    assert not [r for r in caplog.records if r.name == "pipeline.assets.gguf"]
 
     # The folder loads through the plain HF path: the same weights (llama.cpp's q/k row
     # order undone), in the dtype asked; the same tokenizer, chat template and eos.
