@@ -5,7 +5,7 @@
     python -m bench.real_model_prompts --out /tmp/prompts --humaneval HumanEval.jsonl.gz
 
 Every public function and class with a docstring in the standard library and every installed
-package (the sources bench/quality/corpus.py walks; exact copies of a file once) becomes one
+package (test suites left out) (the sources bench/quality/corpus.py walks; exact copies of a file once) becomes one
 user request in one of several task styles, picked by a stable hash of the API's name:
 
 * ``implement``: write the function (or class) given its signature and docstring;
@@ -79,6 +79,13 @@ def module_name(path: str) -> str:
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
+
+
+def is_test_module(module: str) -> bool:
+    """Test suites (``test.test_json``, ``idlelib.idle_test.x``, ``pkg.tests.y``): their
+    documented classes are test cases, not APIs anyone asks about."""
+    return any(part in ("test", "tests", "testing") or part.startswith("test_")
+               or part.endswith("_test") for part in module.split("."))
 
 
 def source_of(module: str) -> str:
@@ -187,6 +194,9 @@ def build_prompts(documents: Iterable[tuple[str, str]], heldout_fraction: float,
         if not path.endswith(".py"):
             continue
         module = module_name(path)
+        if is_test_module(module):
+            counts["test_files_left_out"] += 1
+            continue
         try:
             apis = apis_of(module, source)
         except (SyntaxError, ValueError, RecursionError):

@@ -70,9 +70,13 @@ def test_cap_keeps_a_seeded_sample_and_says_how_many_were_left_out():
     assert a.stats["prompts"] == 7 and a.stats["left_out_by_cap"] == 23
 
 
-def test_unparsable_file_is_counted_not_fatal():
-    built = build_prompts([("bad.py", "def (:\n"), ("pkg/mod.py", SOURCE)], 0.0)
+def test_unparsable_file_and_test_suites_are_counted_not_prompted():
+    built = build_prompts([("bad.py", "def (:\n"), ("pkg/mod.py", SOURCE),
+                           ("pkg/tests/test_mod.py", SOURCE), ("idlelib/idle_test/x.py", SOURCE)],
+                          0.0)
     assert built.stats["unparsable_files"] == 1 and built.stats["files"] == 1
+    assert built.stats["test_files_left_out"] == 2
+    assert {p.api.module for p in built.train} == {"pkg.mod"}
 
 
 def test_module_names_and_humaneval(tmp_path):
