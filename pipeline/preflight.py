@@ -22,8 +22,8 @@ def check_target_folder(key: str, value: str, folder: str) -> None:
     path = Path(folder)
     where = f"{key}={value!r}" + ("" if value == folder else f" ({folder})")
     if not path.is_dir():
-        raise PreflightError(f"{where}: no such folder; expected a local HF model folder "
-                             "or builtin:tiny")
+        raise PreflightError(f"{where}: no such folder; expected a local HF model folder, "
+                             "a .gguf file or builtin:tiny")
     if not (path / "config.json").is_file():
         raise PreflightError(f"{where}: no config.json in the folder")
     _check_weights(where, path)

@@ -1,8 +1,9 @@
 """Map config strings to paths: ``builtin:tiny`` means the embedded demo assets.
 
 ``builtin:tiny-<model_type>`` (target only) means a tiny random-weight target of that family.
-Anything else is taken as a real path and returned unchanged (``~`` expanded), so configs can
-name either the demo or a user's own model and data.
+A path ending in ``.gguf`` (target only) is a GGUF file, converted once into a cached HF folder
+(pipeline/assets/gguf.py). Anything else is taken as a real path and returned unchanged (``~``
+expanded), so configs can name either the demo or a user's own model and data.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Optional
 
 from pipeline.assets.cache import ensure_tiny_assets
 from pipeline.assets.family_targets import FAMILY_TARGETS, ensure_family_target
+from pipeline.assets.gguf import gguf_folder, is_gguf
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny",)
@@ -31,7 +33,8 @@ def _builtin_name(value: str) -> Optional[str]:
 def resolve_target_path(value: str) -> str:
     """``builtin:tiny`` -> the tiny target's folder (built on first use);
     ``builtin:tiny-<model_type>`` -> a tiny random-weight target of that family
-    (pipeline/assets/family_targets.py); else ``value``."""
+    (pipeline/assets/family_targets.py); ``*.gguf`` -> its converted HF folder (converted on
+    first use, pipeline/assets/gguf.py); else ``value``."""
     family = value[len(BUILTIN_PREFIX + "tiny-"):]
     if value.startswith(BUILTIN_PREFIX + "tiny-"):
         if family not in FAMILY_TARGETS:
@@ -39,6 +42,8 @@ def resolve_target_path(value: str) -> str:
                              f"{[BUILTIN_PREFIX + b for b in BUILTINS]} and "
                              f"{[BUILTIN_PREFIX + 'tiny-' + f for f in FAMILY_TARGETS]}")
         return ensure_family_target(family)
+    if is_gguf(value):
+        return gguf_folder(value)
     if _builtin_name(value) is None:
         return os.path.expanduser(value)
     return ensure_tiny_assets().target_dir

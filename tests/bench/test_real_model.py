@@ -1,0 +1,64 @@
+"""bench/real_model.py at tiny scale: a tiny Llama GGUF through conversion, prompts,
+regeneration, both trainers and the export decoded apart, with the result file's keys; and a
+second call that goes on from the stages done (resumable calls)."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.real_model_steps import curve_sizes
+
+pytest.importorskip("gguf")
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--scale", "tiny", "--train-prompts", "16", "--heldout-prompts", "2",
+         "--humaneval-prompts", "2", "--max-new-tokens", "12", "--max-steps", "2",
+         "--eval-prompts", "1"]
+
+
+def _bench(args, tmp_path):
+    humaneval = tmp_path / "HumanEval.jsonl.gz"  # two tasks in HumanEval's form
+    with gzip.open(humaneval, "wt") as f:
+        for name in ("add", "sub"):
+            f.write(json.dumps({"prompt": f"def {name}(a, b):\n    \"\"\"{name} a and b.\"\"\"\n"})
+                    + "\n")
+    args = [*args, "--humaneval", str(humaneval)]
+    env = dict(os.environ, RAY_ADDRESS="", DFLASH_GGUF_CACHE=str(tmp_path / "gguf_cache"))
+    return subprocess.run([sys.executable, "-m", "bench.real_model", *SMALL,
+                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_curve_spans_16x_in_4_sizes():
+    assert curve_sizes(1600) == [100, 252, 635, 1600]
+    assert curve_sizes(3) == [1, 1, 1, 3]
+
+
+def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
+    first = _bench(["--until", "data"], tmp_path)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    state = json.loads((tmp_path / "work" / "state.json").read_text())
+    assert state["done"] == ["convert", "prompts", "data"]
+    second = _bench(["--until", "export"], tmp_path)  # goes on from the drafters
+    output = second.stdout + second.stderr
+    assert second.returncode == 0, output[-3000:]
+    assert "=== convert" not in output and "=== drafters" in output
+    result = json.loads((tmp_path / "out" / "real_model.json").read_text())
+    assert result["target"]["model_type"] == "llama" and result["target"]["parameters"] > 0
+    assert result["train_samples"] == 16
+    for key in ("tau_humaneval_pipeline", "tau_humaneval_reference",
+                "tau_humaneval_reference_code", "tau_second_heldout"):
+        assert result[key] is not None and result[key] >= 1.0, key
+    assert 0 <= result["greedy_distinct_4grams"] <= 1 and 0 <= result["greedy_ended_share"] <= 1
+    assert len(result["tau_per_position"]["humaneval"]) == 3  # block 4: positions 1..3
+    assert set(result["gpu_minutes"]) >= {"convert", "prompts", "data", "drafters", "export",
+                                          "total"}
+    # Prompts-only lines, split by source module: no held-out module among training prompts.
+    prompts = tmp_path / "work" / "prompts"
+    line = json.loads((prompts / "train.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in line["messages"]] == ["user"]
