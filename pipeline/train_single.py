@@ -14,6 +14,7 @@ import hydra
 
 from pipeline.checkpoint import step_folders
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
+from pipeline.driver import stop_signals
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
 from pipeline.training.single import SingleProcessTrainer
@@ -60,4 +61,10 @@ if __name__ == "__main__":
         reject_moved_keys(sys.argv[1:])  # before Hydra, which would only call the key unknown
     except ValueError as e:
         sys.exit(f"error: {e}")
-    main()
+    stop_signals.install()  # SIGTERM unwinds as Ctrl-C does: the run folder is released
+    try:
+        main()
+    except KeyboardInterrupt as stop:
+        log.error("%s: pipeline.train_single keeps no checkpoint; the same command starts over",
+                  stop_signals.cause(stop))
+        sys.exit(stop_signals.exit_code(stop))

@@ -1,7 +1,9 @@
 """SIGTERM (`kill <driver pid>`, a scheduler's preemption) ends `python -m pipeline.train` as
 Ctrl-C does: one line naming the newest checkpoint and the command that resumes, exit 143,
 no checkpoint staging folder left, the run folder released, its local Ray gone, and none of
-the C++ stack trace that Ray's core worker prints for a SIGTERM."""
+the C++ stack trace that Ray's core worker prints for a SIGTERM. The reference trainer
+(`python -m pipeline.train_single`) stops the same way. (`ray job stop` against a real head:
+tests/launch/test_job_submit.py.)"""
 
 import os
 import signal
@@ -45,3 +47,22 @@ def test_sigterm_after_a_checkpoint_says_how_to_resume(tiny_assets, small_train_
     assert lines[0].endswith(" train.checkpoint.resume=auto"), lines[0]
     assert not (out / LOCK_NAME).exists()
     assert leftovers(out) == [], "a checkpoint staging folder was left behind"
+
+
+def test_sigterm_stops_the_reference_trainer_and_releases_its_folder(tiny_assets, tmp_path):
+    out = tmp_path / "ref"
+    env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root)
+    cmd = [sys.executable, "-m", "pipeline.train_single", "train.eval.prompts=1",
+           "train.eval.max_new_tokens=4", "train.plan.epochs=100", f"train.out_dir={out}"]
+    job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for((out / "metrics.jsonl").exists, job, "its first step")
+        job.send_signal(signal.SIGTERM)
+        text, _ = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 143, text[-3000:]
+    lines = [line for line in text.splitlines() if "stopped by SIGTERM" in line]
+    assert len(lines) == 1 and "Traceback" not in text, text[-3000:]
+    assert not (out / LOCK_NAME).exists()
