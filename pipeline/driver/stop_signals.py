@@ -6,12 +6,14 @@ answers it with a C++ stack trace (``*** SIGTERM received ... logging.cc``) befo
 it. Both skip every ``finally`` of the job: the actors, Ray, the run lock and a checkpoint being
 written are left as they were.
 
-:func:`install` makes SIGTERM raise :class:`Terminated` in the main thread instead, a
-``KeyboardInterrupt``, so it unwinds the job along Ctrl-C's path: each ``with`` and ``finally``
-on the way out closes what it opened, and ``pipeline.train`` ends with the one line that says
-how to resume (exit 143, 128 + SIGTERM). A signal handler is per process and ``ray.init``
-replaces this one (a Python handler of Ray's first, then the core worker's C++ one), so the
-driver starts Ray through :func:`ray_session`, which installs it again right after.
+An entry point calls :func:`install`: SIGTERM then raises :class:`Terminated` in the main
+thread, a ``KeyboardInterrupt``, so it unwinds the job along Ctrl-C's path: each ``with`` and
+``finally`` on the way out closes what it opened, and ``pipeline.train`` ends with the one line
+that says how to resume (exit 143, 128 + SIGTERM). A signal handler is per process and
+``ray.init`` replaces this one (with a Python handler of Ray's, then with the core worker's C++
+one, which prints the trace and chains to it), so the driver starts Ray through
+:func:`ray_session`, which installs it again right after. A library caller (a test driving
+``Driver.run``) that never called :func:`install` keeps its own handlers.
 
 The first stop signal starts the unwinding; a SIGTERM that comes while it runs is logged and
 ignored, so the closing is not cut short half way (``ray job stop`` sends one to the driver and
@@ -72,11 +74,6 @@ def install() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
-
-
-def stopping() -> Optional[str]:
-    """The stop signal this process got ("SIGTERM", "SIGINT"), or None."""
-    return _stopping
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

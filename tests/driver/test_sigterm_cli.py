@@ -6,6 +6,7 @@ the C++ stack trace that Ray's core worker prints for a SIGTERM. The reference t
 tests/launch/test_job_submit.py.)"""
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,7 +45,8 @@ def test_sigterm_after_a_checkpoint_says_how_to_resume(tiny_assets, small_train_
     assert len(lines) == 1 and "SIGTERM" in lines[0], text[-3000:]
     assert f"the newest checkpoint is {newest} (step {ckpt.read_point(newest).step})" \
         in lines[0], text[-3000:]
-    assert lines[0].endswith(" train.checkpoint.resume=auto"), lines[0]
+    # resume=auto is the config's default: the same command resumes.
+    assert lines[0].endswith(f"resume with: {shlex.join(['python', *cmd[1:]])}"), lines[0]
     assert not (out / LOCK_NAME).exists()
     assert leftovers(out) == [], "a checkpoint staging folder was left behind"
 

@@ -38,7 +38,7 @@ _CLEARED = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_
             "RAY_AUTH_TOKEN_PATH")
 
 # The stopped job's length: long enough that `ray job stop` lands before it ends.
-STOP_EPOCHS = 8
+STOP_EPOCHS = 12
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc to stop the head it started")]
