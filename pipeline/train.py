@@ -4,6 +4,7 @@
     python -m pipeline.train cluster.drafters_per_node=1 train.plan.max_steps=50
     python -m pipeline.train --config-name qwen3_8b target.path=/models/Qwen3-8B
     python -m pipeline.train --cfg job                        # print the resolved config
+    (Ctrl-C, or SIGTERM from `ray job stop`/kill: one line with the command that resumes)
     ray job submit --address http://HEAD:8265 --working-dir . \\
         --runtime-env launch/runtime_env.yaml -- python -m pipeline.train key=value ...
 """
@@ -15,6 +16,7 @@ import hydra
 
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.diskfull import disk_full_headline
+from pipeline.driver import stop_signals
 from pipeline.driver.job import Driver, RunSummary
 from pipeline.driver.resume_hint import interrupted_line
 from pipeline.driver.runlock import RunLock
@@ -39,12 +41,14 @@ def main(cfg) -> None:
     except PreflightError as e:
         log.error("%s", e)  # one line: a missing file, a wandb key or a locked folder
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stop_signals.Terminated)
         # Caught here, inside Hydra's task function: Hydra would print the traceback. By
-        # now the driver has stopped the actors and Ray and released out_dir.
+        # now the driver has stopped the actors and Ray, removed its unpublished checkpoint
+        # writes and released out_dir.
         log.error("%s", interrupted_line(job.train.out_dir, sys.argv[1:],
-                                         job.train.checkpoint.resume))
-        raise SystemExit(130) from None
+                                         job.train.checkpoint.resume, stop_signals.cause(stop),
+                                         driver.saves.last if driver is not None else None))
+        raise SystemExit(stop_signals.exit_code(stop)) from None
     except Exception as e:
         line = disk_full_headline(e, driver.saves.last if driver is not None else None)
         if line is None:
@@ -88,8 +92,10 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    # SIGTERM (ray job stop, a preemption, kill) unwinds the job as Ctrl-C does: exit 143.
+    stop_signals.install()
     try:
         main()
-    except KeyboardInterrupt:  # before the job started (Hydra composing), or a second Ctrl-C
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as stop:  # before the job started (Hydra composing), or a second
+        print("interrupted", file=sys.stderr)  # Ctrl-C while the first one unwound
+        sys.exit(stop_signals.exit_code(stop))

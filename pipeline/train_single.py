@@ -14,6 +14,7 @@ import hydra
 
 from pipeline.checkpoint import step_folders
 from pipeline.config import check_command_line, register_configs, to_job_config
+from pipeline.driver import stop_signals
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
 from pipeline.training.single import SingleProcessTrainer
@@ -61,4 +62,10 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    main()
+    stop_signals.install()  # SIGTERM unwinds as Ctrl-C does: the run folder is released
+    try:
+        main()
+    except KeyboardInterrupt as stop:
+        log.error("%s: pipeline.train_single keeps no checkpoint; the same command starts over",
+                  stop_signals.cause(stop))
+        sys.exit(stop_signals.exit_code(stop))

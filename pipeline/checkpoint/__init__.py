@@ -9,8 +9,9 @@
   reads the files, resharding to the job's world size and mode;
 - latest: :func:`latest`, the newest usable checkpoint (each newer unusable one is skipped
   with a warning naming why);
-- purge: :func:`prune`, all but the newest ``keep_last`` (run after every publish), and
-  :func:`clean_stale`, what an interrupted write left.
+- purge: :func:`prune`, all but the newest ``keep_last`` (run after every publish),
+  :func:`clean_stale`, what an interrupted write left, and :func:`discard_unfinished`, what
+  the job's own unfinished writes leave when it stops early (Ctrl-C, SIGTERM).
 
 Modules, one concept each: ``folders`` (step folders: staging, publish, verify, latest,
 purge; the on-disk format is in its docstring), ``saves`` (the driver's side of saves),
@@ -21,9 +22,9 @@ hashes, code-free loads), ``point`` and ``cursor`` (where training continues), `
 (the settings a resume must keep; it reads the JobConfig, so it sits in the job layer).
 """
 
-from pipeline.checkpoint.folders import (clean_stale, latest, problem, prune, read_point,
-                                         read_state, resolve_resume, step_folders)
+from pipeline.checkpoint.folders import (clean_stale, discard_unfinished, latest, problem, prune,
+                                         read_point, read_state, resolve_resume, step_folders)
 from pipeline.checkpoint.saves import CheckpointSaves
 
-__all__ = ["CheckpointSaves", "clean_stale", "latest", "problem", "prune", "read_point",
-           "read_state", "resolve_resume", "step_folders"]
+__all__ = ["CheckpointSaves", "clean_stale", "discard_unfinished", "latest", "problem", "prune",
+           "read_point", "read_state", "resolve_resume", "step_folders"]

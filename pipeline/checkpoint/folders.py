@@ -63,13 +63,29 @@ def staging_dir(out_dir: str | Path, step: int) -> Path:
 
 def clean_stale(out_dir: str | Path) -> list[Path]:
     """Remove staging and moved-aside folders that an interrupted job left behind."""
-    root = checkpoint_root(out_dir)
-    stale = sorted(p for p in root.iterdir() if p.name.startswith(f".{_PREFIX}")) \
-        if root.is_dir() else []
+    stale = _unfinished(out_dir)
     for path in stale:
         log.warning("removing %s: left by an interrupted checkpoint write", path)
         shutil.rmtree(path, ignore_errors=True)
     return stale
+
+
+def discard_unfinished(out_dir: str | Path) -> list[Path]:
+    """Remove this job's unfinished writes (staging folders, and moved-aside ones of a publish
+    cut short) when it stops early (Ctrl-C, SIGTERM): call it only once nothing of the job
+    writes any more. A checkpoint already renamed into place stays."""
+    gone = _unfinished(out_dir)
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    if gone:
+        log.info("removed %s: unfinished when the job stopped", ", ".join(p.name for p in gone))
+    return gone
+
+
+def _unfinished(out_dir: str | Path) -> list[Path]:
+    root = checkpoint_root(out_dir)
+    return sorted(p for p in root.iterdir() if p.name.startswith(f".{_PREFIX}")) \
+        if root.is_dir() else []
 
 
 def finalize(staging: Path, point: ResumePoint, files: list[FileRecord], extra: dict[str, Any],
@@ -83,19 +99,22 @@ def finalize(staging: Path, point: ResumePoint, files: list[FileRecord], extra: 
         raise
     root = staging.parent
     final = root / f"{_PREFIX}{point.step:08d}"
-    aside = None
-    if final.exists():  # a rerun of the same step: keep the old one until the new one is in
-        aside = root / f".{final.name}.old-{os.getpid()}"
-        os.rename(final, aside)
+    aside = root / f".{final.name}.old-{os.getpid()}"
+    moved = False
+    # Both renames in one try: a Ctrl-C or SIGTERM lands between any two bytecodes, and one
+    # right after the first rename must still put the old folder back.
     try:
+        if final.exists():  # a rerun of the same step: keep the old one until the new one is in
+            os.rename(final, aside)
+            moved = True
         os.rename(staging, final)
     except BaseException:
-        if aside is not None:
+        if aside.exists() and not final.exists():
             os.rename(aside, final)
         discard(staging)
         raise
     fsync_dir(root)
-    if aside is not None:
+    if moved:
         shutil.rmtree(aside)
     prune(root, keep_last)
     return final

@@ -19,6 +19,7 @@ from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
+from pipeline.driver import stop_signals
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.drafter_group import OWNER_LANE
@@ -37,7 +38,6 @@ from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
 from pipeline.job_data import load_job_data
-from pipeline.ray_start import ray_session
 from pipeline.resolve import resolve_job
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
@@ -92,7 +92,18 @@ class Driver:
             return idle
         # Every actor of every node, the tau evaluator and the prefetcher: cpus_per_actor each.
         actors = c.num_targets * self.job.target.stages + c.num_drafters + 2
-        with ray_session(c.address, actors * c.cpus_per_actor):
+        try:
+            return self._run_on_ray(actors * c.cpus_per_actor, t_start)
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM. The actors are closed (a drafter finishes the write in flight
+            # first) and Ray is down: nothing of this job writes any more, and a save it had
+            # not yet published is dropped (the lock is still held, so none is another job's).
+            ckpt.discard_unfinished(self.out_dir)
+            raise
+
+    def _run_on_ray(self, cpus: float, t_start: float) -> RunSummary:
+        # Ray's core worker takes SIGTERM over at ray.init: stop_signals gives it back.
+        with stop_signals.ray_session(self.job.cluster.address, cpus):
             # cluster.layout=auto: the split per node from the rates, checked as a manual one.
             self.job = with_live_layout(self.job)
             c = self.job.cluster

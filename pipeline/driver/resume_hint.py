@@ -1,5 +1,5 @@
-"""What an interrupted job (Ctrl-C) tells its user: where it stopped, and the command that
-goes on from there."""
+"""What an interrupted job (Ctrl-C, SIGTERM) tells its user: where it stopped, and the command
+that goes on from there."""
 
 from __future__ import annotations
 
@@ -30,17 +30,28 @@ def resume_args(args: list[str], configured: Optional[str]) -> list[str]:
     return out
 
 
-def interrupted_line(out_dir: str | Path, args: list[str], configured: Optional[str]) -> str:
+def interrupted_line(out_dir: str | Path, args: list[str], configured: Optional[str],
+                     cause: str = "interrupted", known: Optional[Path] = None) -> str:
     """One line: the newest usable checkpoint under ``out_dir`` (or none) and the command
-    that resumes from it."""
-    last = ckpt.latest(out_dir)
+    that resumes from it. ``cause`` opens the line ("interrupted", "stopped by SIGTERM");
+    ``known``: the newest checkpoint the job itself verified, not read again when it is still
+    the newest folder (hashing a large checkpoint takes seconds that a stopped job may not
+    have before SIGKILL)."""
+    last = _newest(out_dir, known)
     if last is None and configured not in (None, "auto"):
         # This job started from an explicit checkpoint and wrote none: start there again.
-        return (f"interrupted: no checkpoint was written under {out_dir}; the same command "
+        return (f"{cause}: no checkpoint was written under {out_dir}; the same command "
                 f"resumes from {configured} again: {shlex.join(ENTRY + args)}")
     command = shlex.join(ENTRY + resume_args(args, configured))
     if last is None:
-        return (f"interrupted: no checkpoint was written under {out_dir}, so a rerun starts "
+        return (f"{cause}: no checkpoint was written under {out_dir}, so a rerun starts "
                 f"from step 0: {command}")
-    return (f"interrupted: the newest checkpoint is {last} (step {ckpt.read_point(last).step})"
+    return (f"{cause}: the newest checkpoint is {last} (step {ckpt.read_point(last).step})"
             f"; resume with: {command}")
+
+
+def _newest(out_dir: str | Path, known: Optional[Path]) -> Optional[Path]:
+    folders = ckpt.step_folders(out_dir)
+    if known is not None and folders and folders[-1] == Path(known):
+        return folders[-1]
+    return ckpt.latest(out_dir)

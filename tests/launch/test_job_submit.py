@@ -1,5 +1,6 @@
 """End to end through Ray's job server: a real `ray start --head` with token authentication,
-then `launch/submit.sh` (that is, the `ray job submit` CLI) running `python -m pipeline.train`.
+then `launch/submit.sh` (that is, the `ray job submit` CLI) running `python -m pipeline.train`,
+and `ray job stop` on such a job (SIGTERM to its driver), resubmitted to resume.
 
 The head is private to this module: its own ports, its own --temp-dir (so in-process
 `ray.init()` of other tests never finds it), and its environment is passed to subprocesses
@@ -23,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from pipeline.checkpoint import folders as ckpt
+from pipeline.driver.runlock import LOCK_NAME
+from tests.driver.cli_run import exact_epochs, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMIT = ROOT / "launch" / "submit.sh"
@@ -125,9 +130,10 @@ def _ray(head: Head, *args: str, timeout: float = 60) -> subprocess.CompletedPro
                           env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _submit(head: Head, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def _submit(head: Head, env: dict[str, str], *args: str,
+            timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SUBMIT), "--address", head.dashboard, *args],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_submit_without_the_token_is_refused(ray_head):
@@ -160,3 +166,89 @@ def test_submit_runs_training_on_the_cluster(ray_head, tiny_assets, tmp_path):
     assert (out / "export" / "model.safetensors").exists()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
+
+
+def _job_id(proc: subprocess.CompletedProcess) -> str:
+    found = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr)
+    assert found, (proc.stdout + proc.stderr)[-3000:]
+    return found.group(0)
+
+
+def _job_status(head: Head, job_id: str) -> str:
+    status = _ray(head, "job", "status", job_id)
+    return re.sub(r"\x1b\[[0-9;]*m", "", status.stdout + status.stderr)  # without the colours
+
+
+def _driver_pid(out: Path) -> int:
+    """The job's `python -m pipeline.train` process (not the shell Ray starts it with)."""
+    for entry in os.scandir("/proc"):
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if argv[1:3] == ["-m", "pipeline.train"] and f"train.out_dir={out}" in argv:
+            return int(entry.name)
+    raise AssertionError(f"no driver process for {out}")
+
+
+def _pending(pid: int, sig: int) -> bool:
+    """Whether ``sig`` waits, undelivered, for the process ``pid`` (it is stopped)."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return bool(int(fields["ShdPnd"], 16) & (1 << (sig - 1)))
+
+
+def test_ray_job_stop_ends_the_job_with_the_resume_line_and_a_rerun_resumes(
+        ray_head, tiny_assets, small_train_file, tmp_path):
+    """`ray job stop` (SIGTERM to the driver) after a checkpoint: the job's log ends with the
+    one line naming it and the command that resumes, without Ray's C++ SIGTERM trace; nothing
+    half-written and no lock stay behind; the same submission again resumes there and trains
+    every sample of every epoch exactly once."""
+    out = tmp_path / "run"
+    data = tmp_path / "twelve.jsonl"  # 2 drafters x 2 samples: 3 steps an epoch, 6 in all
+    data.write_text("".join(small_train_file.read_text().splitlines(True)[:12]))
+    args = ["--env", f"DFLASH_ASSETS_DIR={tiny_assets.root}", "--",
+            "cluster.cpus_per_actor=0.5", "train.eval.every=-1", "data.micro_batch_size=2",
+            "train.plan.epochs=2", "train.checkpoint.every=1", "train.log_every=100",
+            f"data.train_path={data}", f"train.out_dir={out}", "cluster.address=auto"]
+    job_id = _job_id(_submit(ray_head, ray_head.env, "--no-wait", *args))
+    deadline = time.monotonic() + 300
+    while ckpt.latest(out) is None:
+        assert time.monotonic() < deadline, _job_status(ray_head, job_id)[-3000:]
+        time.sleep(0.05)
+    # Held (SIGSTOP) from its first checkpoint until `ray job stop`'s SIGTERM is waiting for
+    # it: however fast the machine, the job cannot finish first.
+    driver = _driver_pid(out)
+    os.kill(driver, signal.SIGSTOP)
+    try:
+        stop = subprocess.Popen([str(BIN / "ray"), "job", "stop", job_id, "--address",
+                                 ray_head.dashboard], env=dict(ray_head.env, RAY_AUTH_MODE="token"),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while not _pending(driver, signal.SIGTERM):
+            assert stop.poll() is None and time.monotonic() < deadline, stop.communicate()[0]
+            time.sleep(0.05)
+    finally:
+        os.kill(driver, signal.SIGCONT)
+    said = stop.communicate(timeout=180)[0]
+    assert stop.returncode == 0, said
+    assert f"Job '{job_id}' was stopped" in _job_status(ray_head, job_id)
+    logs = _ray(ray_head, "job", "logs", job_id).stdout
+    assert "SIGTERM received" not in logs and "logging.cc" not in logs, logs[-3000:]
+    assert "Traceback" not in logs, logs[-3000:]
+    lines = [line for line in logs.splitlines() if "resume with: " in line]
+    newest = ckpt.latest(out)
+    step = ckpt.read_point(newest).step
+    assert len(lines) == 1 and "stopped by SIGTERM" in lines[0], logs[-3000:]
+    assert f"the newest checkpoint is {newest} (step {step})" in lines[0]
+    assert not (out / LOCK_NAME).exists() and leftovers(out) == [], logs[-3000:]
+
+    # The same submission again (train.checkpoint.resume=auto is the default).
+    rerun = _submit(ray_head, ray_head.env, *args, timeout=400)
+    text = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, text[-5000:]
+    assert f"resumed from {newest} at step {step}" in text, text[-5000:]
+    assert f"done: {6 - step} steps" in text, text[-5000:]
+    exact_epochs(text, last_epoch=1)
+    assert ckpt.latest(out).name == "step_00000006" and leftovers(out) == []
