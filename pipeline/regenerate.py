@@ -93,6 +93,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     summary = execute(plan)
+    if summary.regenerated + summary.resumed == 0:
+        # Nothing was written, so no file is named; and a run whose every line was bad (or
+        # whose input holds none) computed nothing: that is a failure, not rc 0.
+        why = (f"all {summary.lines_read} line(s) of {plan.cfg.input} were bad"
+               if summary.lines_read else f"{plan.cfg.input} holds no conversation")
+        print(f"regenerate: {summary.line()}; nothing written: {why}", file=sys.stderr)
+        return 1
     print(f"regenerate: {summary.line()} -> {plan.cfg.output}")
     return 0
 
