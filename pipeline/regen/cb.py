@@ -119,6 +119,9 @@ class CbSession:
         self.config, self.stops = config, list(stops)
         self.options, self.enable_thinking = options, enable_thinking
         self.cb_config = build_cb_config(options, model.device.type)
+        # The engine switches the model to a paged attention ("paged|sdpa"), on which a plain
+        # forward fails; close() puts the original back (transformers 5.17 does not always).
+        self.attn_implementation = model.config._attn_implementation
 
     def _hints(self, longest_prompt: int):
         """Sizing hints for the first call (the engine is sized once): the block table must
@@ -127,10 +130,24 @@ class CbSession:
         library's (or --cb-max-requests), not this call's."""
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
-        context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        context = int(getattr(self.model.config, "max_position_embeddings", 0) or 32768)
         longest = max(longest_prompt, context - self.config.max_new_tokens)
         return WorkloadHints(max_prompt_length=longest,
                              max_generated_length=self.config.max_new_tokens, num_requests=0)
+
+    def _engine(self, longest_prompt: int):
+        """The engine as a context: created (and warmed up) on first use, started on enter,
+        stopped and kept for the next call on exit."""
+        return self.model.continuous_batching_context_manager(
+            generation_config=self.config, continuous_batching_config=self.cb_config,
+            persistent_manager=True, warmup=self.options.warmup, block=True,
+            workload_hints=self._hints(longest_prompt))
+
+    def start(self) -> None:
+        """Build the engine now (cache, warm-up), so that a model or device it cannot serve
+        shows at start-up, where falling back is still clean, and not mid-job."""
+        with self._engine(0):
+            pass
 
     def _prompt(self, conv: list[Message], pos: int) -> list[int]:
         text = render_prompt(self.tokenizer, conv[:pos], self.enable_thinking)
@@ -173,10 +190,7 @@ class CbSession:
             return
         call = next(self._ids)
         round_of = dict.fromkeys(first, 0)
-        with self.model.continuous_batching_context_manager(
-                generation_config=self.config, continuous_batching_config=self.cb_config,
-                persistent_manager=True, warmup=self.options.warmup, block=True,
-                workload_hints=self._hints(max(map(len, first.values())))) as manager:
+        with self._engine(max(map(len, first.values()))) as manager:
             def submit(key: int, ids: list[int]) -> None:
                 rid = manager.add_request(ids, request_id=f"c{call}-{key}-{round_of[key]}",
                                           max_new_tokens=self.config.max_new_tokens)
@@ -212,3 +226,5 @@ class CbSession:
         destroy = getattr(self.model, "destroy_cached_continuous_batching_manager", None)
         if destroy is not None:
             destroy()
+        if self.model.config._attn_implementation != self.attn_implementation:
+            self.model.set_attn_implementation(self.attn_implementation)

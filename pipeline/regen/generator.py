@@ -38,16 +38,27 @@ class GeneratorWorker:
         self.config = greedy_config(self.stops, pad_id, max_new_tokens)
         self.cb: Optional[CbSession] = None
         if engine == "cb":
-            reason = cb_unsupported(self.model)
-            if reason is None:
-                self.cb = CbSession(self.model, self.tokenizer, self.config, self.stops,
-                                    cb_options or CbOptions(), enable_thinking)
-            else:
-                log.warning("generator %d: continuous batching unavailable (%s): falling back "
-                            "to generate", rank, reason)
+            self.cb = self._start_cb(cb_options or CbOptions())
         self.engine = "cb" if self.cb is not None else "generate"
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
+
+    def _start_cb(self, options: CbOptions) -> Optional[CbSession]:
+        """The engine, started; None, after one log line saying why, where it cannot serve
+        this model on this device (then ``generate`` answers instead)."""
+        reason = cb_unsupported(self.model)
+        if reason is None:
+            session = CbSession(self.model, self.tokenizer, self.config, self.stops, options,
+                                self.enable_thinking)
+            try:
+                session.start()
+                return session
+            except Exception as e:  # noqa: BLE001 - any start-up failure means: not here
+                session.close()
+                reason = f"{type(e).__name__}: {e}"
+        log.warning("generator %d: continuous batching cannot serve this model here (%s): "
+                    "falling back to generate", self.rank, reason)
+        return None
 
     def generate(self, batch: Sequence[GenRequest]) -> list[GenResult]:
         """Every assistant turn of every conversation in ``batch`` regenerated, in order."""

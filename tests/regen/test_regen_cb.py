@@ -107,3 +107,24 @@ def test_bad_cb_option_names_the_flag():
         CbOptions(cuda_graphs="yes")
     with pytest.raises(ValueError, match="--cb-num-blocks=0 is not allowed"):
         CbOptions(num_blocks=0)
+
+
+def test_engine_that_cannot_start_falls_back_with_one_log_line(caplog):
+    from pipeline.assets.family_targets import ensure_family_target
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with caplog.at_level("WARNING", logger="pipeline.regen.generator"):
+            # Pages of 2 tokens: the library refuses them when it builds the engine.
+            worker = GeneratorWorker(rank=3, target_path=ensure_family_target("qwen3"),
+                                     device="cpu", dtype=torch.float32, max_new_tokens=4,
+                                     engine="cb", cb_options=CbOptions(page_size=2))
+        lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.regen.generator"]
+        assert worker.engine == "generate" and len(lines) == 1
+        assert "generator 3: continuous batching cannot serve" in lines[0]
+        assert "falling back to generate" in lines[0]
+        [result] = worker.generate([GenRequest(0, tuple(conversations()[0]))])
+        assert result.messages[-1]["role"] == "assistant" and len(result.turns) == 1
+    finally:
+        torch.set_num_threads(threads)
