@@ -62,7 +62,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def load_model(source: str, device: str, dtype: torch.dtype, gguf_file: Optional[str] = None):
+def load_model(source: str, device: str, dtype: torch.dtype, gguf_file: Optional[str] = None,
+               attn_implementation: Optional[str] = None):
     """(model, tokenizer or None) on ``device``: an HF folder, or a random-weight shape."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
@@ -72,6 +73,8 @@ def load_model(source: str, device: str, dtype: torch.dtype, gguf_file: Optional
         fields = SHAPES[source] or {k: v for k, v in qwen3_8b_config().items()
                                     if k != "architectures"}
         config = Qwen3Config(**fields)
+        if attn_implementation:
+            config._attn_implementation = attn_implementation
         torch.manual_seed(0)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
@@ -84,6 +87,8 @@ def load_model(source: str, device: str, dtype: torch.dtype, gguf_file: Optional
         return model.eval(), None
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(source, **kw)
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
     return model.to(device).eval(), tokenizer
 
@@ -157,7 +162,16 @@ def _resolved(session: CbSession) -> dict:
     keys = ("num_blocks", "max_batch_tokens", "max_requests_per_batch", "page_size",
             "block_size", "use_cuda_graph", "use_async_batching", "default_compile_level",
             "max_memory_percent", "max_blocks_per_request")
-    return {k: repr(getattr(config, k)) for k in keys if hasattr(config, k)}
+    found = {k: repr(getattr(config, k)) for k in keys if hasattr(config, k)}
+    # Read before close(): the engine runs on a paged attention, restored afterwards.
+    found["attn_implementation"] = session.model.config._attn_implementation
+    return found
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def run_cb(model, tokenizer, prompts, config, stops, options: CbOptions, device: str,
@@ -182,11 +196,12 @@ def run_cb(model, tokenizer, prompts, config, stops, options: CbOptions, device:
 
 def run_bench(model_source: str, prompts: int, max_new_tokens: int, batch: int, device: str,
               dtype: torch.dtype = torch.bfloat16, options: CbOptions = CbOptions(),
-              sweep: bool = False, gguf_file: Optional[str] = None) -> dict:
+              sweep: bool = False, gguf_file: Optional[str] = None,
+              attn_implementation: Optional[str] = None) -> dict:
     """Both engines on the same prompts; the figures as a dict (see the module docstring)."""
     import transformers
 
-    model, tokenizer = load_model(model_source, device, dtype, gguf_file)
+    model, tokenizer = load_model(model_source, device, dtype, gguf_file, attn_implementation)
     ids = build_prompts(tokenizer, prompts, model.config.vocab_size)
     stops = stop_token_ids(model, tokenizer) if tokenizer is not None else []
     pad_id = (tokenizer.pad_token_id if tokenizer is not None
@@ -213,6 +228,8 @@ def run_bench(model_source: str, prompts: int, max_new_tokens: int, batch: int, 
         "model": model_source, "device": device, "dtype": str(dtype).replace("torch.", ""),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "transformers": transformers.__version__, "torch": torch.__version__,
+        "attn_implementation": model.config._attn_implementation,
+        "flash_attn_installed": _installed("flash_attn"),
         "prompts": prompts, "max_new_tokens": max_new_tokens, "batch": batch,
         "prompt_tokens_mean": sum(map(len, ids)) / len(ids), "stop_ids": stops,
         "hf_generate_tokens_per_s": gen_tokens / gen_wall, "hf_generate_tokens": gen_tokens,
@@ -237,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--attn-implementation", default=None,
+                   help="e.g. sdpa, flash_attention_2 (the engine pages it: paged|...)")
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--sweep", action="store_true", help="also try the SWEEP settings")
     p.add_argument("--cb-max-batch-tokens", type=int, default=None)
@@ -262,7 +281,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                         cuda_graphs=args.cb_cuda_graphs, compile_level=args.cb_compile_level,
                         async_batching=args.cb_async_batching)
     result = run_bench(args.model, args.prompts, args.max_new_tokens, args.batch, args.device,
-                       dtype, options, args.sweep, args.gguf_file)
+                       dtype, options, args.sweep, args.gguf_file, args.attn_implementation)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     for run in result["cb_runs"]:
