@@ -8,7 +8,12 @@
         --runtime-env launch/runtime_env.yaml -- python -m pipeline.regenerate ...
 
 Every assistant turn is regenerated in order, each from the conversation so far (earlier
-assistant turns already regenerated); system and user turns are kept. The output has one
+assistant turns already regenerated); system and user turns are kept. A conversation that ends
+with a user turn (a prompts-only line, the usual input) gets the answer to it appended.
+Decoding runs on transformers' continuous-batching engine (``--engine cb``, the default; it
+falls back to ``generate`` with one log line where it cannot serve the model) or on
+left-padded ``generate`` batches (``--engine generate``, the baseline). A run that writes
+nothing (every line bad, or none at all) says so and ends rc 1. The output has one
 record per good input line, in input order: ``{"messages": [...], "source_line": <0-based
 input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [...]}}``.
 An answer is stored as the exact text the target wrote, reasoning included, and each turn is
