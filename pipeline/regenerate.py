@@ -8,7 +8,12 @@
         --runtime-env launch/runtime_env.yaml -- python -m pipeline.regenerate ...
 
 Every assistant turn is regenerated in order, each from the conversation so far (earlier
-assistant turns already regenerated); system and user turns are kept. The output has one
+assistant turns already regenerated); system and user turns are kept. A conversation that ends
+with a user turn (a prompts-only line, the usual input) gets the answer to it appended.
+Decoding runs on transformers' continuous-batching engine (``--engine cb``, the default; it
+falls back to ``generate`` with one log line where it cannot serve the model) or on
+left-padded ``generate`` batches (``--engine generate``, the baseline). A run that writes
+nothing (every line bad, or none at all) says so and ends rc 1. The output has one
 record per good input line, in input order: ``{"messages": [...], "source_line": <0-based
 input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [...]}}``.
 An answer is stored as the exact text the target wrote, reasoning included, and each turn is
@@ -26,6 +31,7 @@ import sys
 from typing import Optional, Sequence
 
 from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES
 from pipeline.regen.config import DEVICES, DTYPES, RegenConfig
 from pipeline.regen.runner import execute, prepare
 
@@ -47,8 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: cuda when the Ray cluster has GPUs")
     p.add_argument("--dtype", choices=DTYPES, default=_DEFAULTS["dtype"],
                    help="auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--engine", choices=ENGINES, default=_DEFAULTS["engine"],
+                   help="cb: transformers' continuous batching; generate: padded batches")
     p.add_argument("--batch-size", type=int, default=_DEFAULTS["batch_size"],
-                   help="conversations per generate call")
+                   help="conversations per worker call (generate: its padded batch); "
+                        "default 1024 with cb, 16 with generate")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,
@@ -62,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_DEFAULTS["in_flight_per_worker"], help="batches queued per actor")
     p.add_argument("--cpus-per-worker", type=float, default=_DEFAULTS["cpus_per_worker"],
                    help="Ray CPUs per actor")
+    p.add_argument("--cb-max-batch-tokens", type=int,
+                   default=_DEFAULTS["cb_max_batch_tokens"],
+                   help="cb: tokens per forward; default: the library's, from GPU memory")
+    p.add_argument("--cb-num-blocks", type=int, default=_DEFAULTS["cb_num_blocks"],
+                   help="cb: KV cache pages; default: from free GPU memory")
+    p.add_argument("--cb-max-requests", type=int, default=_DEFAULTS["cb_max_requests"],
+                   help="cb: requests per forward; default: the library's")
+    p.add_argument("--cb-cuda-graphs", choices=SWITCHES, default=_DEFAULTS["cb_cuda_graphs"],
+                   help="cb: CUDA graphs")
+    p.add_argument("--cb-compile-level", type=int, choices=COMPILE_LEVELS,
+                   default=_DEFAULTS["cb_compile_level"],
+                   help="cb: torch.compile of the steps, 0 (off) to 3")
     p.add_argument("--ray-address", default=None, help="default: $RAY_ADDRESS, else local")
     return p
 
@@ -77,6 +98,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     summary = execute(plan)
+    if summary.regenerated + summary.resumed == 0:
+        # Nothing was written, so no file is named; and a run whose every line was bad (or
+        # whose input holds none) computed nothing: that is a failure, not rc 0.
+        why = (f"all {summary.lines_read} line(s) of {plan.cfg.input} were bad"
+               if summary.lines_read else f"{plan.cfg.input} holds no conversation")
+        print(f"regenerate: {summary.line()}; nothing written: {why}", file=sys.stderr)
+        return 1
     print(f"regenerate: {summary.line()} -> {plan.cfg.output}")
     return 0
 

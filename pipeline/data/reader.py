@@ -49,8 +49,12 @@ class Conversation:
     messages: list[dict[str, Any]]
 
 
-def parse_line(line: str, fmt: str = "auto") -> list[dict[str, Any]]:
-    """One JSONL line -> messages in OpenAI form. Raises BadLine saying what is wrong."""
+def parse_line(line: str, fmt: str = "auto", *,
+               require_assistant: bool = True) -> list[dict[str, Any]]:
+    """One JSONL line -> messages in OpenAI form. Raises BadLine saying what is wrong.
+
+    ``require_assistant=False`` accepts prompts-only conversations (regeneration answers them).
+    """
     require_choice("fmt", fmt, FORMATS)
     try:
         record = json.loads(line)
@@ -75,7 +79,7 @@ def parse_line(line: str, fmt: str = "auto") -> list[dict[str, Any]]:
     else:
         messages = [_message(t, i, "from", "value", SHAREGPT_ROLES) for i, t in enumerate(turns)]
     _check_order(messages)
-    if not any(m["role"] == "assistant" for m in messages):
+    if require_assistant and not any(m["role"] == "assistant" for m in messages):
         raise BadLine("no_assistant", "no assistant turn: nothing to supervise")
     return messages
 
@@ -146,7 +150,8 @@ def _decode(raw: bytes) -> str:
 def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
                        stats: Optional[DataStats] = None,
                        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *,
-                       warn_skipped: bool = True) -> Iterator[Conversation]:
+                       warn_skipped: bool = True,
+                       require_assistant: bool = True) -> Iterator[Conversation]:
     """Yield the conversations of a JSONL file in line order.
 
     ``stats`` (if given) counts lines read, blank lines and bad lines skipped, by kind;
@@ -170,7 +175,7 @@ def read_conversations(path: str, fmt: str = "auto", on_bad_line: str = "error",
                 if isinstance(raw, int):
                     raise BadLine("too_long", f"line of {raw} bytes, over "
                                               f"data.max_line_bytes={max_line_bytes}")
-                messages = parse_line(_decode(raw), fmt)
+                messages = parse_line(_decode(raw), fmt, require_assistant=require_assistant)
             except BadLine as e:
                 bad = DataError(path, index + 1, str(e), e.kind)
                 if on_bad_line == "error":

@@ -50,7 +50,8 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
     placement = Placement(cpus=cfg.cpus_per_worker, gpus=1.0 if device == "cuda" else 0.0)
     return [start_actor(GeneratorWorker, placement, rank=rank, target_path=target_path,
                         device=device, dtype=dtype, max_new_tokens=cfg.max_new_tokens,
-                        enable_thinking=cfg.enable_thinking)
+                        enable_thinking=cfg.enable_thinking, engine=cfg.engine,
+                        cb_options=cfg.cb_options())
             for rank in range(cfg.num_workers)]
 
 

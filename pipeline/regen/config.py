@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.regen.cb import ENGINES, CbOptions
 from pipeline.validate import require, require_choice
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -21,7 +22,13 @@ class RegenConfig:
     num_workers: int = 1  # generator actors; one GPU each on cuda
     device: str = "auto"  # auto: cuda when the Ray cluster has GPUs
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    batch_size: int = 16  # conversations per generate call
+    # cb: transformers' continuous-batching engine; generate: left-padded generate() batches
+    # (the measured baseline). cb falls back to generate, with a log line, where it cannot run.
+    engine: str = "cb"
+    # Conversations per worker call. generate: also its padded batch. cb: all their turns go
+    # through the engine together (its batch is bounded by cb_max_batch_tokens/requests).
+    # None: 16 for generate, 1024 for cb.
+    batch_size: Optional[int] = None
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).
@@ -32,6 +39,12 @@ class RegenConfig:
     # idles while the driver writes results.
     in_flight_per_worker: int = 2
     cpus_per_worker: float = 1.0
+    # The continuous-batching engine's knobs (None/auto: the library's choice); see CbOptions.
+    cb_max_batch_tokens: Optional[int] = None
+    cb_num_blocks: Optional[int] = None
+    cb_max_requests: Optional[int] = None
+    cb_cuda_graphs: str = "auto"
+    cb_compile_level: int = 0
     ray_address: Optional[str] = None  # None: $RAY_ADDRESS, else a private local cluster
 
     def __post_init__(self) -> None:
@@ -42,7 +55,7 @@ class RegenConfig:
                 "a path other than --input")
         require(bool(self.target), "--target", self.target, "a model folder or builtin:tiny")
         for flag, value in (("--num-workers", self.num_workers),
-                            ("--batch-size", self.batch_size),
+                            ("--batch-size", self.conversations_per_call),
                             ("--max-new-tokens", self.max_new_tokens),
                             ("--in-flight-per-worker", self.in_flight_per_worker)):
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -52,3 +65,16 @@ class RegenConfig:
         require_choice("--dtype", self.dtype, DTYPES)
         require_choice("--on-bad-line", self.on_bad_line, ON_BAD_LINE)
         require_choice("--format", self.format, FORMATS)
+        require_choice("--engine", self.engine, ENGINES)
+        self.cb_options()  # its checks name the --cb-* flags
+
+    @property
+    def conversations_per_call(self) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        return 1024 if self.engine == "cb" else 16
+
+    def cb_options(self) -> CbOptions:
+        return CbOptions(max_batch_tokens=self.cb_max_batch_tokens,
+                         num_blocks=self.cb_num_blocks, max_requests=self.cb_max_requests,
+                         cuda_graphs=self.cb_cuda_graphs, compile_level=self.cb_compile_level)

@@ -7,11 +7,12 @@ tests build it directly on CPU.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipeline.regen.cb import CbOptions, CbSession, cb_unsupported
 from pipeline.regen.greedy import (ensure_pad_token, greedy_config, regenerate_batch,
                                    stop_token_ids)
 from pipeline.regen.messages import GenRequest, GenResult
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 
 class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
-                 max_new_tokens: int, enable_thinking: bool = True) -> None:
+                 max_new_tokens: int, enable_thinking: bool = True, engine: str = "cb",
+                 cb_options: Optional[CbOptions] = None) -> None:
         self.rank = rank
         self.enable_thinking = enable_thinking
         self.device = actor_device(device)
@@ -34,13 +36,37 @@ class GeneratorWorker:
         self.stops = stop_token_ids(self.model, self.tokenizer)
         pad_id = ensure_pad_token(self.tokenizer)
         self.config = greedy_config(self.stops, pad_id, max_new_tokens)
-        log.info("generator %d: %s on %s (%s), stop ids %s", rank, target_path, self.device,
-                 dtype, self.stops)
+        self.cb: Optional[CbSession] = None
+        if engine == "cb":
+            self.cb = self._start_cb(cb_options or CbOptions())
+        self.engine = "cb" if self.cb is not None else "generate"
+        log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
+                 self.device, dtype, self.engine, self.stops)
+
+    def _start_cb(self, options: CbOptions) -> Optional[CbSession]:
+        """The engine, started; None, after one log line saying why, where it cannot serve
+        this model on this device (then ``generate`` answers instead)."""
+        reason = cb_unsupported(self.model)
+        if reason is None:
+            session = CbSession(self.model, self.tokenizer, self.config, self.stops, options,
+                                self.enable_thinking)
+            try:
+                session.start()
+                return session
+            except Exception as e:  # noqa: BLE001 - any start-up failure means: not here
+                session.close()
+                reason = f"{type(e).__name__}: {e}"
+        log.warning("generator %d: continuous batching cannot serve this model here (%s): "
+                    "falling back to generate", self.rank, reason)
+        return None
 
     def generate(self, batch: Sequence[GenRequest]) -> list[GenResult]:
         """Every assistant turn of every conversation in ``batch`` regenerated, in order."""
-        done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops,
-                                self.enable_thinking)
+        if self.cb is not None:
+            done = self.cb.regenerate(batch)
+        else:
+            done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops,
+                                    self.enable_thinking)
         main = on_main_thread()
         return [GenResult(line_index=r.line_index, messages=tuple(messages),
                           turns=tuple(turns), on_main_thread=main)

@@ -4,7 +4,8 @@ Multi-turn choice: every assistant turn is regenerated, in order, and later prom
 *regenerated* earlier answers, so each training sample is a conversation the target itself
 could have had. A batch of conversations is decoded in rounds: round ``k`` generates the
 ``k``-th assistant turn of every conversation that has one, all in one left-padded call.
-System, user and tool turns, and anything after the last assistant turn, are kept verbatim.
+A conversation that ends with a user (or tool) turn, such as a prompts-only line, gets the
+answer to it appended as a last assistant turn. System, user and tool turns are kept verbatim.
 
 Storage choice: an answer is stored as the exact text the target wrote, reasoning included
 (Qwen3: ``<think>\n...\n</think>\n\nanswer``), as the message's ``content``. Qwen3's template
@@ -90,22 +91,40 @@ def assistant_positions(messages: Sequence[Message]) -> list[int]:
     return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
 
 
+def with_answer_slots(messages: Sequence[Message]) -> tuple[list[Message], list[int]]:
+    """A copy of ``messages`` with a slot for each assistant turn to generate, and the slots.
+
+    A conversation ending with a user or tool turn waits for the assistant's answer: an empty
+    assistant turn is appended for it, so prompts-only lines get their answer.
+    """
+    conv = [dict(m) for m in messages]
+    if conv and conv[-1]["role"] in ("user", "tool"):
+        conv.append({"role": "assistant", "content": ""})
+    return conv, assistant_positions(conv)
+
+
+def store_turn(tokenizer, conv: list[Message], pos: int, turn: TurnResult,
+               stops: Sequence[int], enable_thinking: bool) -> TurnResult:
+    """Write ``turn`` into its slot and check that it re-renders as what was generated."""
+    conv[pos] = {"role": "assistant", "content": turn.text}
+    ok = turn.finished and round_trips(tokenizer, conv, pos, turn.text, stops, enable_thinking)
+    return dataclasses.replace(turn, round_trips=ok)
+
+
 def regenerate_batch(model, tokenizer, requests: Sequence[GenRequest],
                      config: GenerationConfig, stops: Sequence[int],
                      enable_thinking: bool = True,
                      ) -> list[tuple[list[Message], list[TurnResult]]]:
     """Each request's conversation with its assistant turns regenerated, round by round."""
-    convs = [[dict(m) for m in r.messages] for r in requests]
-    positions = [assistant_positions(c) for c in convs]
+    convs, positions = zip(*(with_answer_slots(r.messages) for r in requests)) \
+        if requests else ((), ())
+    convs = list(convs)
     turns: list[list[TurnResult]] = [[] for _ in requests]
     for depth in range(max((len(p) for p in positions), default=0)):
         todo = [(i, p[depth]) for i, p in enumerate(positions) if depth < len(p)]
         prompts = [render_prompt(tokenizer, convs[i][:pos], enable_thinking) for i, pos in todo]
         for (i, pos), turn in zip(todo, greedy_batch(model, tokenizer, prompts, config, stops)):
-            convs[i][pos] = {"role": "assistant", "content": turn.text}
-            ok = turn.finished and round_trips(tokenizer, convs[i], pos, turn.text, stops,
-                                               enable_thinking)
-            turns[i].append(dataclasses.replace(turn, round_trips=ok))
+            turns[i].append(store_turn(tokenizer, convs[i], pos, turn, stops, enable_thinking))
     return list(zip(convs, turns))
 
 

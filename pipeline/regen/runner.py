@@ -74,7 +74,9 @@ def prepare(cfg: RegenConfig) -> Plan:
     total = _count_lines(cfg)
     os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
     stats = DataStats()
-    remaining = read_conversations(cfg.input, cfg.format, cfg.on_bad_line, stats)
+    # Prompts-only lines (no assistant turn yet) are the usual input: they get their answer.
+    remaining = read_conversations(cfg.input, cfg.format, cfg.on_bad_line, stats,
+                                   require_assistant=False)
     done = resume_output(cfg.output)
     _skip_done(remaining, done, cfg)
     if done:
@@ -90,7 +92,8 @@ def _count_lines(cfg: RegenConfig) -> int:
     """
     if cfg.on_bad_line == "error":
         scan = DataStats()
-        for _ in read_conversations(cfg.input, cfg.format, "error", scan):
+        for _ in read_conversations(cfg.input, cfg.format, "error", scan,
+                                    require_assistant=False):
             pass
         return scan.lines_read
     with open(cfg.input, "rb") as f:
@@ -120,7 +123,7 @@ def execute(plan: Plan) -> RegenSummary:
     """Generate the remaining conversations; actors start only if there is work left."""
     cfg, started = plan.cfg, time.perf_counter()
     summary = RegenSummary(resumed=plan.resumed)
-    batches = _batches(plan.remaining, cfg.batch_size)
+    batches = _batches(plan.remaining, cfg.conversations_per_call)
     first = next(batches, None)
     if first is not None:
         _generate(plan, itertools.chain([first], batches), summary)

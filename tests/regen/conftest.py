@@ -13,7 +13,8 @@ MAX_NEW_TOKENS = 16
 
 
 def _conversations(prompts):
-    """Six conversations: plain, with a system turn, multi-turn, a trailing user turn."""
+    """Six conversations: plain, with a system turn, multi-turn, a trailing user turn (which
+    gets answered)."""
     return [
         [{"role": "user", "content": prompts[0]}, {"role": "assistant", "content": "old"}],
         [{"role": "system", "content": "Answer about Python."},
@@ -61,6 +62,8 @@ def chat_file(chats, tmp_path_factory):
 def _answer_one_by_one(model, tokenizer, messages, max_new_tokens):
     eos = model.generation_config.eos_token_id
     out = [dict(m) for m in messages]
+    if out[-1]["role"] == "user":  # the answer to a trailing user turn is appended
+        out.append({"role": "assistant", "content": ""})
     for i, message in enumerate(out):
         if message["role"] != "assistant":
             continue

@@ -1,4 +1,4 @@
-"""The generator as a plain class: batched, left-padded greedy equals one-by-one greedy."""
+"""The generate engine as a plain class: batched, left-padded greedy equals one-by-one greedy."""
 
 import pytest
 import torch
@@ -13,7 +13,8 @@ def worker(tiny_assets, max_new_tokens):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield GeneratorWorker(rank=0, target_path=tiny_assets.target_dir, device="cpu",
-                          dtype=torch.float32, max_new_tokens=max_new_tokens)
+                          dtype=torch.float32, max_new_tokens=max_new_tokens,
+                          engine="generate")
     torch.set_num_threads(threads)
 
 
@@ -25,7 +26,8 @@ def test_one_padded_batch_matches_one_by_one(worker, chats, reference, max_new_t
     assert [list(r.messages) for r in results] == reference
     # Multi-turn: both answers of the third conversation, in order; user turns untouched.
     assert len(results[2].turns) == 2 and results[2].messages[2] == conversations[2][2]
-    assert results[4].messages[-1] == {"role": "user", "content": "And then?"}
+    assert results[4].messages[2] == {"role": "user", "content": "And then?"}
+    assert [len(r.turns) for r in results] == [1, 1, 2, 1, 2, 1]  # the trailing turn answered
     assert all(r.on_main_thread for r in results)
     assert all(0 < t.num_tokens <= max_new_tokens for r in results for t in r.turns)
 

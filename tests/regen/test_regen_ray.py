@@ -55,7 +55,7 @@ def test_two_workers_write_the_targets_answers_in_input_order(full_run, chats, r
     assert [r["source_line"] for r in records] == chats[1]
     assert [r["messages"] for r in records] == reference
     assert (summary.lines_read, summary.resumed, summary.regenerated,
-            summary.skipped_bad, summary.turns) == (6, 0, 6, 0, 7)
+            summary.skipped_bad, summary.turns) == (6, 0, 6, 0, 8)
     # Every turn the target finished re-renders through the template as what it generated.
     assert summary.turns_not_round_trip == 0
     assert all(r["regen"]["round_trips"] == r["regen"]["finished"] for r in records)
