@@ -16,7 +16,7 @@ from pipeline.checkpoint import step_folders
 from pipeline.config import register_configs, reject_moved_keys, to_job_config
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 register_configs()
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from ray.exceptions import RayError
 
 from pipeline import checkpoint as ckpt
 from pipeline.checkpoint import CheckpointSaves
-from pipeline.checkpoint.contract import KEY as CONTRACT_KEY
-from pipeline.checkpoint.contract import Contract, check_resume
+from pipeline.resume_contract import KEY as CONTRACT_KEY
+from pipeline.resume_contract import Contract, check_resume
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
