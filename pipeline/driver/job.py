@@ -249,10 +249,7 @@ class Driver:
         finally:
             progress.close()
             with secondary("writing trace.json"):
-                written = trace.write(self.out_dir / "trace.json")
-                if written:
-                    log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
-                             self.job.logger.trace_start + self.job.logger.trace_steps, written)
+                trace.write(self.out_dir / "trace.json")  # logs the steps it holds
 
     def _state_extra(self) -> dict:
         """What state.json holds beside the resume point."""
