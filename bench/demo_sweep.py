@@ -62,7 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from pipeline.driver.compose import compose_job
     from pipeline.training.metrics import metrics_dict
-    from pipeline.training.single import SingleProcessTrainer
+    from pipeline.reference.trainer import SingleProcessTrainer
 
     t0 = time.perf_counter()
     out = tempfile.mkdtemp(prefix="demo_sweep_")

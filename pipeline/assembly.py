@@ -1,5 +1,5 @@
 """The job-wide assembly of batches and steps, shared by the Ray pipeline and the reference
-trainer (pipeline/training/single.py): how micro-batches are cut and padded, how the drafter
+trainer (pipeline/reference/trainer.py): how micro-batches are cut and padded, how the drafter
 packs them, and the step plan both follow. One place, so the two cannot drift apart.
 """
 

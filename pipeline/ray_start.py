@@ -66,9 +66,28 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
     else:
         # "local": a cluster of our own. Without it ray.init() joins any Ray it finds running
         # on the machine (another user's, another test's).
+        _private_cluster_auth()
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
                  include_dashboard=False)
     return True
+
+
+def _private_cluster_auth() -> None:
+    """Token authentication for the local cluster we start, chosen explicitly.
+
+    Ray (2.5x) turns it on by default for a new local cluster, and then warns that it did, a
+    line the user can do nothing about. Choosing it ourselves the way Ray does (the
+    environment variable, which the raylet and workers inherit, and this process's config
+    read again) starts the same cluster without the warning. A RAY_AUTH_MODE the user set is
+    kept; a Ray without token authentication is left as it is.
+    """
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
+    except ImportError:
+        return
+    if auth.AUTH_MODE_ENV_VAR in os.environ or not hasattr(auth, "enable_token_auth_by_default"):
+        return
+    auth._enable_token_auth()
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.driver import stop_signals
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 register_configs()
 log = logging.getLogger(__name__)

@@ -5,16 +5,19 @@
     components   training/, eval/, checkpoint/: the drafter trainer, optimizer, plan, tau,
                  checkpoints; each gets only its own config section, never the job's JobConfig
     job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together;
-                 checkpoint/contract.py (a resume's settings, read from the JobConfig)
+                 resume_contract.py (a resume's settings, read from the JobConfig)
     workers      workers/: the Ray actors' plain classes; they run without the driver
     regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
     driver       driver/: the training job over Ray
-    reference    training/single.py, the single-process reference trainer: the driver's peer,
-                 placed above it so that the driver cannot import it
+    reference    reference/, the single-process reference trainer: the driver's peer, placed
+                 above it so that the driver cannot import it
     entry points train.py, train_single.py, export.py, regenerate.py
 
-A new module must be placed here (the test fails until it is), and an import of a higher layer,
-lazy ones inside functions included, fails the test.
+A layer is made of whole packages and top-level modules: a package sits in one layer, all of
+it, so a module that needs a higher layer than its package's lives outside that package (a
+package split across layers would have the config that imports it import back up through it).
+A new module must be placed here (the test fails until it is), and an import of a higher
+layer, lazy ones inside functions included, fails the test.
 """
 
 from __future__ import annotations
@@ -33,22 +36,22 @@ LAYERS: list[tuple[str, set[str]]] = [
               "config_keys.py", "wandb_env.py", "ray_start.py", "dist", "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),
-    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "checkpoint/contract.py"}),
+    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py"}),
     ("workers", {"workers"}),
     ("regen", {"regen"}),
     ("driver", {"driver"}),
-    ("reference", {"training/single.py"}),
+    ("reference", {"reference"}),
     ("entry points", {"train.py", "train_single.py", "export.py", "regenerate.py"}),
 ]
 
 
 def layer_of(rel: str) -> int:
-    """The layer of a module by its path under pipeline/ (a file's own entry wins)."""
+    """The layer of a module by its path under pipeline/: its package's, or its own when it is
+    a top-level module."""
     first = rel.split("/")[0]
-    for key in (rel, first):
-        for i, (_, members) in enumerate(LAYERS):
-            if key in members:
-                return i
+    for i, (_, members) in enumerate(LAYERS):
+        if first in members:
+            return i
     raise KeyError(f"pipeline/{rel} is in no layer: place it in tests/test_layering.py LAYERS")
 
 
@@ -92,6 +95,12 @@ def _modules() -> list[str]:
     return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py"))
 
 
+def test_a_layer_holds_whole_packages():
+    """No entry names a module inside a package: that would let the package span layers."""
+    inside = [m for _, members in LAYERS for m in members if "/" in m]
+    assert not inside, f"LAYERS places modules apart from their package: {inside}"
+
+
 def test_every_module_has_a_layer():
     modules = _modules()
     assert len(modules) > 50 and "workers/drafter_worker.py" in modules
@@ -122,17 +131,17 @@ def test_no_two_packages_import_each_other():
 def test_the_check_sees_an_upward_import():
     source = ("from pipeline.driver.job import Driver\nfrom pipeline import driver\n"
               "from pipeline.data import Batch\n"
-              "def f():\n    import pipeline.training.single\n")
+              "def f():\n    import pipeline.reference.trainer\n")
     assert [name for _, name in _imported_modules(ast.parse(source))] == [
         "pipeline.driver.job.Driver", "pipeline.driver", "pipeline.data.Batch",
-        "pipeline.training.single"]
+        "pipeline.reference.trainer"]
     bad = upward_imports("workers/prefetcher.py", source)
     assert [b.split(" imports ")[1] for b in bad] == [
         "pipeline.driver.job.Driver (driver)", "pipeline.driver (driver)",
-        "pipeline.training.single (reference)"]
+        "pipeline.reference.trainer (reference)"]
     # The reference trainer and the components it uses sit in different layers.
     assert upward_imports("training/plan.py", source)[-1].endswith(
-        "imports pipeline.training.single (reference)")
+        "imports pipeline.reference.trainer (reference)")
     assert upward_imports("driver/actors.py", source) == [
-        "pipeline/driver/actors.py:5 (driver) imports pipeline.training.single (reference)"]
+        "pipeline/driver/actors.py:5 (driver) imports pipeline.reference.trainer (reference)"]
     assert not upward_imports("train.py", source)

@@ -18,8 +18,9 @@ purge; the on-disk format is in its docstring), ``saves`` (the driver's side of 
 ``writer`` (a rank's background save), ``host_copy`` (the snapshot, the one part of a save
 that holds the step loop), ``sharded`` (weights and AdamW state through
 torch.distributed.checkpoint, and checkpoints written before it), ``files`` (durable writes,
-hashes, code-free loads), ``point`` and ``cursor`` (where training continues), ``contract``
-(the settings a resume must keep; it reads the JobConfig, so it sits in the job layer).
+hashes, code-free loads), ``point`` and ``cursor`` (where training continues). The settings
+a resume must keep are read from the JobConfig, so they live in the job layer, in
+pipeline/resume_contract.py.
 """
 
 from pipeline.checkpoint.folders import (clean_stale, discard_unfinished, latest, problem, prune,

@@ -46,7 +46,9 @@ class BatchShapes:
     """How micro-batches are cut and padded, resolved once from the data and drafter config.
 
     Pad mode (``buckets`` empty): ``micro_batch_size`` samples per micro-batch, padded to
-    ``pad_to`` (None: the longest of the batch). Bucket mode: bucket ``i`` holds the samples
+    ``pad_to`` (None: the longest of the batch); with ``pad_to`` set (static shapes) an
+    epoch's last, smaller micro-batch is also padded with empty rows to ``micro_batch_size``,
+    so that no micro-batch is a new shape to compile. Bucket mode: bucket ``i`` holds the samples
     of length in (buckets[i-1], buckets[i]]; its micro-batches have ``rows[i]`` samples
     (fewer in its last one of an epoch), padded to ``buckets[i]``. Pack mode (``pool`` set):
     as buckets, but a micro-batch holds up to ``rows[i]`` samples whose anchors fit the pool,
@@ -97,10 +99,18 @@ class BatchShapes:
                 for s in samples}
 
     def collate(self, samples: Sequence[Sample], pad_id: int) -> "Batch":
-        """A micro-batch in this shape: padded to its width (and, packed, to its rows)."""
+        """A micro-batch in this shape: padded to its width (and, packed or static, to its
+        rows: the rows past the samples are empty, and no sample)."""
         lengths = [int(s.input_ids.numel()) for s in samples]
-        rows = self.rows[self.bucket_of(max(lengths))] if self.packed else None
-        return collate(samples, pad_id, self.width(lengths), rows)
+        return collate(samples, pad_id, self.width(lengths), self.row_count(lengths))
+
+    def row_count(self, lengths: Sequence[int]) -> Optional[int]:
+        """Rows of a micro-batch of samples of these lengths; None: one per sample."""
+        if self.packed:
+            return self.rows[self.bucket_of(max(lengths))]
+        if not self.bucketed and self.pad_to is not None:
+            return self.micro_batch_size
+        return None
 
     def bucket_of(self, length: int) -> int:
         """Index of the smallest bucket that holds ``length`` tokens."""

@@ -13,8 +13,8 @@ from ray.exceptions import RayError
 
 from pipeline import checkpoint as ckpt
 from pipeline.checkpoint import CheckpointSaves
-from pipeline.checkpoint.contract import KEY as CONTRACT_KEY
-from pipeline.checkpoint.contract import Contract, check_resume
+from pipeline.resume_contract import KEY as CONTRACT_KEY
+from pipeline.resume_contract import Contract, check_resume
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
@@ -260,10 +260,7 @@ class Driver:
         finally:
             progress.close()
             with secondary("writing trace.json"):
-                written = trace.write(self.out_dir / "trace.json")
-                if written:
-                    log.info("trace of steps %d..%d: %s", self.job.logger.trace_start + 1,
-                             self.job.logger.trace_start + self.job.logger.trace_steps, written)
+                trace.write(self.out_dir / "trace.json")  # logs the steps it holds
 
     def _state_extra(self) -> dict:
         """What state.json holds beside the resume point."""

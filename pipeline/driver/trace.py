@@ -8,16 +8,20 @@ forward/backward and optimizer steps (with the all-reduce inside them).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from pipeline.diskfull import write_atomic
 from pipeline.driver.scheduler import StepReport
+
+log = logging.getLogger(__name__)
 
 
 class TraceRecorder:
     def __init__(self, first: int, num_steps: int) -> None:
         self.window = range(first, first + num_steps)
         self.events: list[dict] = []
+        self.steps: list[int] = []  # the steps (0-based) recorded, in order
 
     def _span(self, name: str, actor: str, start_s: float, dur_s: float, step: int) -> None:
         self.events.append({"name": name, "ph": "X", "pid": actor, "tid": actor,
@@ -27,6 +31,7 @@ class TraceRecorder:
     def add(self, report: StepReport) -> None:
         if report.step not in self.window:
             return
+        self.steps.append(report.step)
         for ready in report.produced:
             self._span("target forward", f"target{ready.target_rank}", ready.meta.start_s,
                        ready.meta.busy_s, report.step)
@@ -43,8 +48,13 @@ class TraceRecorder:
                        report.step)
 
     def write(self, path: Path) -> Path | None:
-        """Whole or not at all: a full disk leaves no empty or cut-off trace.json."""
+        """Whole or not at all: a full disk leaves no empty or cut-off trace.json. Logs the
+        steps it holds: those run, which a short or resumed run makes fewer than the window."""
         if not self.events:
             return None
-        return write_atomic(path, json.dumps({"traceEvents": self.events,
-                                              "displayTimeUnit": "ms"}))
+        written = write_atomic(path, json.dumps({"traceEvents": self.events,
+                                                 "displayTimeUnit": "ms"}))
+        first, last = min(self.steps) + 1, max(self.steps) + 1
+        log.info("trace of step%s: %s", f"s {first}..{last}" if last > first else f" {first}",
+                 written)
+        return written

@@ -12,6 +12,7 @@ prefix (Qwen3.5's linear attention), by re-reading the accepted text without a c
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
@@ -81,11 +82,14 @@ class _CroppedCache:
 
         self.target = target
         self.cache = DynamicCache()
+        # transformers 5.2x renamed forward's past_key_values to cache (the old name warns).
+        names = inspect.signature(target.forward).parameters
+        self.cache_keyword = "cache" if "cache" in names else "past_key_values"
 
     def run(self, ids: torch.Tensor, start: int):
         """Outputs for ``ids`` (the tokens from position ``start`` on; earlier ones cached)."""
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
-        return self.target(ids, past_key_values=self.cache, use_cache=True,
+        return self.target(ids, **{self.cache_keyword: self.cache}, use_cache=True,
                            output_hidden_states=True, position_ids=positions)
 
     def keep(self, length: int) -> None:

@@ -19,6 +19,7 @@ from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
 from pipeline.model.target_init import TargetInit, apply_target_init
+from pipeline.objective.anchors import Anchors
 from pipeline.objective.loss import LossParts
 from pipeline.objective.packing import Packing, pack_anchors, pack_rows
 from pipeline.objective.step import Objective, drafter_loss
@@ -48,6 +49,16 @@ def build_drafter(spec: DrafterSpec, seed: int, device: str,
     if init is not None:
         apply_target_init(model, init)
     return model.to(device)
+
+
+def _with_empty_rows(anchors: Anchors, rows: int) -> Anchors:
+    """``anchors`` with rows added up to ``rows``, every block of them padding (keep=False at
+    position 0: its queries see only their own block, and it weighs nothing)."""
+    n, width = anchors.positions.shape
+    extra = (rows - n, width)
+    positions = torch.cat([anchors.positions, anchors.positions.new_zeros(extra)])
+    keep = torch.cat([anchors.keep, anchors.keep.new_zeros(extra)])
+    return Anchors(positions, keep)
 
 
 class DrafterTrainer:
@@ -116,7 +127,8 @@ class DrafterTrainer:
     def forward_backward(self, features: torch.Tensor, input_ids: torch.Tensor,
                          loss_mask: torch.Tensor, sample_ids: list[int], epoch: int) -> LossParts:
         """Backpropagate one micro-batch's loss numerator; gradients accumulate in .grad."""
-        # Rows past the samples are a packed bucket's empty padding rows: no anchors.
+        # Rows past the samples are empty padding rows (a packed bucket's, or a static
+        # micro-batch's at an epoch's end): no anchors.
         anchors = self.objective.anchors(loss_mask[:len(sample_ids)].cpu(), sample_ids,
                                          self.seed, epoch)
         if self.options.compile == "reduce-overhead":
@@ -130,6 +142,8 @@ class DrafterTrainer:
             anchors = pack_anchors(anchors, input_ids.shape[1], self.packing.anchors)
             features, input_ids, loss_mask, positions = pack_rows(
                 features, input_ids, loss_mask, self.packing.tokens)
+        elif anchors.positions.shape[0] < input_ids.shape[0]:
+            anchors = _with_empty_rows(anchors, input_ids.shape[0])
         with self._autocast():
             parts = drafter_loss(self.forward, self.head, self.objective, features, input_ids,
                                  loss_mask, anchors.to(dev), self.autocast_dtype, positions)

@@ -26,7 +26,7 @@ import torch
 from pipeline.transport.ledger import SlotLedger, SlotState
 from pipeline.transport.messages import ProduceMeta, RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
-from pipeline.transport.shared import BufferPayload, export_buffer, open_buffer
+from pipeline.transport.shared import BufferPayload, close_export, export_buffer, open_buffer
 
 # SlotLedger lives in its own torch-free module; it is re-exported as the ring's driver side.
 __all__ = ["RingReader", "SlotLedger", "SlotRing", "SlotState"]
@@ -69,9 +69,12 @@ class SlotRing:
         The memory goes away once every process that opened it has closed it as well (CPU: the
         /dev/shm segment is unlinked; CUDA: the block is freed once consumers released it).
         Actors killed with SIGKILL (``ray.kill``) never get here, and Ray then also kills torch's
-        shm manager, so their CPU segments stay in /dev/shm: close rings before killing.
+        shm manager, so their CPU segments stay in /dev/shm: close rings before killing. In
+        a Ray actor, closing its last CPU ring also removes the folder of that manager.
         """
-        self._buffer = None
+        if self._buffer is not None:
+            self._buffer = None
+            close_export(self._payload)
         self._writing.clear()
 
     def handle(self) -> RingHandle:

@@ -20,13 +20,25 @@ process of the node. torch's ``torch_shm_manager`` daemon tracks the segments an
 once every process using them is gone, so a crashed actor does not leak ``/dev/shm``. We call the
 storage methods directly instead of switching the process-wide sharing strategy and using
 ``reduce_storage``, whose incref/decref pairing assumes one receiver per pickle.
+
+The manager is a child process of the first process that exports, listening on a socket in a
+folder of its own (``/tmp/torch-shm-dir-*``), which it removes when it exits once every client
+is gone. Ray kills an actor's children with SIGKILL when the actor exits, so the manager of a
+Ray actor never gets there and its folder stays behind, one per actor and run. A ring owner in
+a Ray actor therefore removes its own manager's folder (the ``torch_shm_manager`` child of this
+process listening on the handle, never one a forked parent started or another process's) when
+it closes its last exported buffer: nothing opens it after that, and the connected clients
+keep working. Outside an actor the manager is left to clean up after itself (removing its
+folder under it would make it fail at exit).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
@@ -34,6 +46,12 @@ from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 from pipeline.transport.messages import DeviceKind
 
 _DEVICE_KINDS = ("cuda", "cpu")
+_MANAGER_PREFIX = "torch-shm-dir-"
+# This process's exported CPU buffers not yet closed, and its own manager's folder (with the
+# pid that found it: a forked child inherits this module's state, never the parent's manager).
+_open_exports = 0
+_own_manager: Optional[tuple[int, str]] = None
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,9 @@ def _reduce_cpu(t: torch.Tensor) -> tuple[Callable[..., torch.Tensor], tuple[Any
     storage = t.untyped_storage()
     # Moves the bytes into a fresh named segment unless they already live in one.
     manager, name, nbytes = storage._share_filename_cpu_()
+    _remember_manager_folder(manager)
+    global _open_exports
+    _open_exports += 1
     metadata = (t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
     return _rebuild_cpu, (manager, name, nbytes, *metadata)
 
@@ -120,3 +141,103 @@ def _rebuild_cpu(manager: bytes, name: bytes, nbytes: int, dtype: torch.dtype,
     """Map the named segment (registering with the owner's shm manager) and view it as a tensor."""
     storage = torch.UntypedStorage._new_shared_filename_cpu(manager, name, nbytes)
     return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+
+
+def close_export(payload: BufferPayload) -> None:
+    """Note that the owner dropped a buffer ``export_buffer`` gave ``payload`` for.
+
+    On CPU in a Ray actor, closing the last one removes this process's manager folder (see the
+    module's docstring); elsewhere this only counts.
+    """
+    global _open_exports
+    if payload.device_kind != "cpu":
+        return
+    _open_exports = max(0, _open_exports - 1)
+    if _open_exports == 0 and _in_ray_actor():
+        remove_own_manager_folder()
+
+
+def remove_own_manager_folder() -> Optional[str]:
+    """Remove the socket folder of this process's torch_shm_manager, if it started one; the
+    folder removed, or None. Only for a process whose manager is killed with it: a manager
+    that exits on its own removes the folder itself, and fails when it is gone."""
+    global _own_manager
+    if _own_manager is None or _own_manager[0] != os.getpid():
+        return None
+    folder, _own_manager = _own_manager[1], None
+    try:
+        os.unlink(os.path.join(folder, "manager.sock"))
+        os.rmdir(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # e.g. a file someone else put there: leave the folder
+        log.warning("shm manager folder %s not removed: %s", folder, e)
+        return None
+    return folder
+
+
+def _in_ray_actor() -> bool:
+    import ray  # only asked on close; the transport otherwise runs without Ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+def _remember_manager_folder(handle: bytes) -> None:
+    """Note ``handle``'s folder when this process's own manager listens on it."""
+    global _own_manager
+    if _own_manager is not None and _own_manager[0] == os.getpid():
+        return
+    folder = _own_manager_folder(handle.decode())
+    if folder is not None:
+        _own_manager = (os.getpid(), folder)
+
+def _own_manager_folder(socket_path: str) -> Optional[str]:
+    """The folder of ``socket_path`` when a torch_shm_manager child of this process listens
+    on it; None otherwise (a manager that a forked parent started, or another process's).
+    Linux only (/proc); elsewhere nothing is removed."""
+    folder = os.path.dirname(socket_path)
+    if not os.path.basename(folder).startswith(_MANAGER_PREFIX):
+        return None
+    try:
+        inodes = _socket_inodes(socket_path)
+        for pid in _child_managers():
+            if inodes & _socket_fd_inodes(pid):
+                return folder
+    except OSError:  # no /proc, or the manager is gone already
+        return None
+    return None
+
+
+def _socket_inodes(socket_path: str) -> set[str]:
+    with open("/proc/net/unix") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return {row[6] for row in rows if len(row) > 7 and row[7] == socket_path}
+
+
+def _child_managers() -> list[int]:
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        # The kernel keeps a command's first 15 characters ("torch_shm_manag").
+        if comm == "torch_shm_manager"[:15] and int(rest.split()[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+def _socket_fd_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    return inodes

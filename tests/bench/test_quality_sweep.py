@@ -48,7 +48,7 @@ def test_wsd_holds_the_peak_then_decays_to_the_floor():
 
 def test_use_wsd_drives_the_trainers_lr(tmp_path):
     from bench.demo_sweep import use_wsd
-    from pipeline.training.single import SingleProcessTrainer
+    from pipeline.reference.trainer import SingleProcessTrainer
 
     job = compose_job(["train.plan.max_steps=20", "train.eval.every=-1",
                        f"train.out_dir={tmp_path}"])

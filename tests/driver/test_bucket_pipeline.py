@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 # The first 24 demo samples are 83 to 167 tokens: 5, 15 and 4 of them per bucket, in
 # micro-batches of 4, 3 and 2 rows (512 tokens each at most).

@@ -27,7 +27,7 @@ from pipeline.driver.job import Driver
 from pipeline.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
 from pipeline.training.optim import build_optimizer
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 STEPS = 4
 BASE = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "train.export_dtype=float32",

@@ -11,7 +11,7 @@ from pipeline.driver.job import Driver
 from pipeline.model.target_init import target_init_of
 from pipeline.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval.every=-1",
         "train.export_dtype=float32", "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0"]

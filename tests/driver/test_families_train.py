@@ -17,7 +17,7 @@ from transformers import AutoModel
 from pipeline.assets.family_targets import FAMILY_TARGETS
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 # Cheap: one drafter, two steps, tau on two prompts before and after training. The demo's

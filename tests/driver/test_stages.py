@@ -13,7 +13,7 @@ from pipeline.driver.layout import Rates, choose_layout
 from pipeline.driver.memory import GB, CONTEXT_BYTES, _needs, check_target_memory
 from pipeline.eval.config import EvalConfig
 from pipeline.resolve import resolve_job
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval.every=-1",
         "train.export_dtype=float32", "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0",

@@ -25,4 +25,12 @@ def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
     assert {"perf/drafter0_busy", "perf/drafter1_busy", "perf/target0_busy"} <= train[-1].keys()
     assert [r["step"] for r in rows if "eval/tau" in r] == [0, 6]
-    assert "done: 6 steps" in proc.stderr + proc.stdout
+    output = proc.stderr + proc.stdout
+    assert "done: 6 steps" in output
+    # Nothing the user cannot act on: Ray's notice that it chose token authentication for the
+    # local cluster, a library's deprecation warning, a trace window wider than the run.
+    assert "trace of steps 3..6:" in output  # the steps traced, not the window (3..7)
+    noise = [line for line in output.splitlines()
+             if "Token authentication" in line or "RAY_AUTH_MODE" in line
+             or "deprecat" in line.lower() or "FutureWarning" in line]
+    assert not noise, "\n".join(noise)

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from pipeline.driver.compose import compose_job
-from pipeline.training.single import SingleProcessTrainer
+from pipeline.reference.trainer import SingleProcessTrainer
 
 HERE = Path(__file__).parent / "golden"
 GOLDEN = HERE / "demo_losses.json"

@@ -2,6 +2,9 @@
 
 import os
 import pickle
+import subprocess
+import sys
+import time
 
 import pytest
 import ray
@@ -94,3 +97,63 @@ def test_export_refuses_what_it_cannot_share(make):
 def test_open_on_another_device_kind_is_refused():
     with pytest.raises(ValueError, match="lives on 'cpu'"):
         open_buffer(export_buffer(torch.zeros(4)), "cuda")
+
+
+class RingOwner:
+    """Owns a CPU slot ring in its own process, as a target actor does."""
+
+    def __init__(self) -> None:
+        from pipeline.transport.ring import SlotRing
+
+        self.ring = SlotRing(0, 2, 8, torch.float32, "cpu")
+
+    def payload(self) -> BufferPayload:
+        return self.ring.handle().payload
+
+    def close(self) -> None:
+        self.ring.close()
+
+
+def test_a_ray_ring_owner_leaves_no_shm_manager_folder(ray_session):
+    """Ray kills an actor's torch_shm_manager with it, before the manager can remove its
+    /tmp/torch-shm-dir-* folder: the owner removes it on closing its ring, and a reader that
+    opened the ring before keeps its mapping."""
+    owner = ray.remote(RingOwner).remote()
+    reader = ray.remote(BufferUser).remote("cpu")
+    try:
+        payload = ray.get(owner.payload.remote())
+        folder = os.path.dirname(payload.args[0].decode())  # the manager's socket's folder
+        assert os.path.basename(folder).startswith("torch-shm-dir-") and os.path.isdir(folder)
+        ray.get(reader.open.remote(payload))
+        ray.get(owner.close.remote())
+        assert not os.path.exists(folder)
+        ray.get(reader.fill.remote(2.5))  # the reader's mapping outlives the folder
+        assert ray.get(reader.values.remote()) == (2.5, 2.5)
+    finally:
+        ray.kill(owner)
+        ray.kill(reader)
+    time.sleep(2)  # Ray kills the manager after the actor: nothing brings the folder back
+    assert not os.path.exists(folder)
+
+
+_CHILD = """
+import os, sys, torch
+from pipeline.transport import shared
+payload = shared.export_buffer(torch.zeros(4))
+folder = os.path.dirname(payload.args[0].decode())
+pid = os.fork()
+if pid == 0:  # a forked child shares through its parent's manager: never its folder to remove
+    shared.export_buffer(torch.zeros(4))
+    os._exit(0 if shared.remove_own_manager_folder() is None and os.path.isdir(folder) else 1)
+assert os.waitpid(pid, 0)[1] == 0
+assert shared.remove_own_manager_folder() == folder and not os.path.exists(folder)
+assert shared.remove_own_manager_folder() is None  # once
+print("ok")
+"""
+
+
+def test_only_this_process_s_own_manager_folder_is_removed():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
