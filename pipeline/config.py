@@ -162,7 +162,7 @@ class CheckpointConfig:
     # skipped with a warning), else a fresh start, so a rerun of a command goes on where it
     # stopped; a checkpoint path; or null: start fresh (refused when out_dir holds
     # checkpoints, which the fresh job would overwrite). A resume must keep the settings of
-    # pipeline/checkpoint/contract.py's FIXED; changes to the others are logged.
+    # pipeline/resume_contract.py's FIXED; changes to the others are logged.
     resume: Optional[str] = "auto"
     # Keep only the newest N step folders (0: keep all). Older ones go only after the new
     # one is in place.

@@ -126,7 +126,7 @@ def test_missing_file_is_refused(tmp_path):
 def test_trains_through_the_cli_like_the_reference(tiny_source, gguf_cache, chat_file,
                                                    tmp_path, monkeypatch):
     from pipeline.driver.compose import compose_job
-    from pipeline.training.single import SingleProcessTrainer
+    from pipeline.reference.trainer import SingleProcessTrainer
 
     path = tiny_source[2]
     _converted(path, gguf_cache, monkeypatch)  # converted by the test above or now
