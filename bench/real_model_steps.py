@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from bench.quality import proc
-from bench.quality.prompts import PLACEHOLDER
 from bench.quality.runs import read_pipeline, read_single
 from bench.real_model_prompts import write_prompt_files
 from bench.real_model_scale import RealScale, trainer_overrides
@@ -93,18 +92,10 @@ def prompts(scale: RealScale, w: Work, result: dict) -> dict:
     with open(regen_input, "w") as f:
         for name in SETS:
             for line in picked[name]:
-                f.write(_with_placeholder(line) + "\n")
+                f.write(line + "\n")  # prompts-only: regenerate appends the answer
     counts = {name: len(picked[name]) for name in SETS}
     log.info("prompts: %s of %s", counts, {k: stats[k] for k in ("prompts",)})
     return {"prompts": stats, "prompt_counts": counts}
-
-
-def _with_placeholder(line: str) -> str:
-    """A prompts-only line with an assistant turn for pipeline.regenerate to replace: the
-    form it reads today (prompts-only lines are its input once branch regen lands)."""
-    record = json.loads(line)
-    record["messages"].append({"role": "assistant", "content": PLACEHOLDER})
-    return json.dumps(record, ensure_ascii=False)
 
 
 def data(scale: RealScale, w: Work, result: dict) -> dict:
