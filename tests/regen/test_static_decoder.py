@@ -20,7 +20,7 @@ def _save(path, family, **overrides):
     """A tiny random model saved with save_pretrained. Weights drawn wider than the default
     (std 0.2, not 0.02) so that greedy answers vary instead of repeating one token."""
     torch.manual_seed(3)
-    shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                  initializer_range=0.2, **overrides)
     cfg = (LlamaConfig(tie_word_embeddings=True, **shape) if family == "llama"
@@ -69,12 +69,13 @@ def _stops_for(model, prompts):
     return set(max(combinations(tokens, 2), key=lambda pair: spread(set(pair))))
 
 
-def _check(model, prompts, stops, **kwargs):
-    got = greedy_decode(model, prompts, MAX_NEW, stops, **kwargs)
-    want = [_generate(model, p, MAX_NEW, stops) for p in prompts]
+def _reference(model, prompts, stops):
+    return [_generate(model, p, MAX_NEW, stops) for p in prompts]
+
+
+def _assert_same(got, want):
     mismatch = [(i, w, g) for i, (w, g) in enumerate(zip(want, got)) if w != g]
-    assert not mismatch, f"{len(mismatch)} of {len(prompts)} differ, first: {mismatch[0]}"
-    return want
+    assert not mismatch, f"{len(mismatch)} of {len(want)} differ, first (i, hf, ours): {mismatch[0]}"
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -82,11 +83,13 @@ def test_equals_generate_with_refills_stops_and_cuts(family, model_dirs):
     model = _load(model_dirs[family])
     prompts = _prompts(13, seed=5)
     stops = _stops_for(model, prompts)
-    want = _check(model, prompts, stops, batch_size=4, cuda_graphs=False, sync_every=3)
+    want = _reference(model, prompts, stops)
     lengths = [len(w) for w in want]
     # The case is only meaningful if rows finished at different steps, some by a stop
     # and some by the max_new_tokens cut.
     assert len(set(lengths)) >= 3 and MAX_NEW in lengths and min(lengths) < MAX_NEW
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=4,
+                               cuda_graphs=False, sync_every=3), want)
 
 
 def test_batch_layouts_agree(model_dirs):
@@ -95,15 +98,18 @@ def test_batch_layouts_agree(model_dirs):
     model = _load(model_dirs["llama"])
     prompts = _prompts(7, seed=9)
     stops = _stops_for(model, prompts)
+    want = _reference(model, prompts, stops)
     for kwargs in ({"batch_size": 1}, {"batch_size": 16, "sync_every": 1},
-                   {"batch_size": 3, "prefill_tokens": 8, "max_length": 128}):
-        _check(model, prompts, stops, cuda_graphs=False, **kwargs)
+                   {"batch_size": 3, "prefill_tokens": 8, "max_length": 128, "span_bucket": 4}):
+        _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, cuda_graphs=False, **kwargs), want)
 
 
 def test_eager_attention_and_no_stops(model_dirs):
     model = _load(model_dirs["llama"], attn_implementation="eager")
-    got = _check(model, _prompts(5, seed=2), set(), batch_size=2, cuda_graphs=False)
-    assert all(len(a) == MAX_NEW for a in got)
+    prompts = _prompts(5, seed=2)
+    want = _reference(model, prompts, set())
+    assert all(len(a) == MAX_NEW for a in want)
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, set(), batch_size=2, cuda_graphs=False), want)
 
 
 def test_refusals(model_dirs, tmp_path):
