@@ -18,7 +18,6 @@ from transformers.cache_utils import Cache
 # Families whose attention is plain full attention over a standard KV cache (RoPE from
 # position_ids, no logit soft-capping, no sliding window): what this cache serves.
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 
 def check_supported(model) -> None:
@@ -33,10 +32,6 @@ def check_supported(model) -> None:
         raise ValueError(f"static decoder: {family} with sliding-window layers "
                          f"(layer_types {sorted(kinds)}, sliding_window "
                          f"{getattr(cfg, 'sliding_window', None)}) is not supported")
-    attn = getattr(cfg, "_attn_implementation", None)
-    if attn not in SUPPORTED_ATTENTION:
-        raise ValueError(f"static decoder: attn_implementation {attn!r} is not supported "
-                         f"(supported: {', '.join(SUPPORTED_ATTENTION)}: both take a 4D mask)")
 
 
 def cache_keyword(body) -> str:

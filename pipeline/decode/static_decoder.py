@@ -7,7 +7,8 @@ Shape (as gpt-fast and vLLM): a KV cache allocated once for ``batch_size`` rows;
 one request; one decode step runs every row at once at its own position (RoPE position ids, a
 K/V write at that position, a mask over that row's prefix). On CUDA the step is captured as a
 CUDA graph, one per attention span bucket, with the argmax and the bookkeeping (tokens out,
-counts, stop check) inside, so ``sync_every`` steps replay without a host sync. At each sync
+counts, stop check) inside, so ``sync_every`` steps replay without a host sync. Attention runs through
+``row_attention`` (grouped query heads against the cache, no copy of it). At each sync
 finished rows (a stop token, or ``max_new_tokens``) are collected and refilled with waiting
 prompts, prefilled together and written into the freed rows: the batch stays full.
 
@@ -23,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from pipeline.decode.row_attention import swapped
 from pipeline.decode.row_cache import RowCache, cache_keyword, check_supported
 
 log = logging.getLogger(__name__)
@@ -64,8 +66,12 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     decoder = StaticDecoder(model, rows, max_length, max_new_tokens, stops,
                             cuda_graphs=cuda_graphs, prefill_tokens=prefill_tokens,
                             span_bucket=span_bucket)
-    with torch.no_grad():
+    with torch.no_grad(), swapped(model):
         return decoder.run(prompts, sync_every)
+
+
+def _aligned(columns: int, multiple: int = 16) -> int:
+    return -(-columns // multiple) * multiple
 
 
 class StaticDecoder:
@@ -82,7 +88,10 @@ class StaticDecoder:
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         if cuda_graphs and not self.use_graphs:
             log.info("static decoder: model on %s, decode step runs uncaptured", self.device)
-        self.cache = RowCache(model.config, rows, max_length, self.dtype, self.device)
+        # Columns in multiples of 16: SDPA's memory-efficient kernel wants the mask's last
+        # dimension aligned, and would otherwise copy it (or fall back to the math kernel).
+        self.capacity = _aligned(max_length)
+        self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device)
         dev = self.device
         stop_list = sorted({int(s) for s in stops}) or [-1]  # -1: no token ever matches
         self.stops = torch.tensor(stop_list, device=dev)
@@ -92,7 +101,7 @@ class StaticDecoder:
         self.n_gen = torch.zeros(rows, dtype=torch.long, device=dev)     # tokens generated
         self.done = torch.ones(rows, dtype=torch.bool, device=dev)       # finished or empty
         self.out = torch.zeros(rows, max_new_tokens + 1, dtype=torch.long, device=dev)
-        self.columns = torch.arange(max_length, device=dev)
+        self.columns = torch.arange(self.capacity, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
 
@@ -142,7 +151,7 @@ class StaticDecoder:
         live = ~self.done
         top = int(torch.where(live, self.pos, 0).max()) + steps + 1
         span = -(-top // self.span_bucket) * self.span_bucket
-        return min(span, self.max_length)
+        return min(span, self.capacity)
 
     # ---- prefill ---------------------------------------------------------------------------
 
@@ -160,7 +169,7 @@ class StaticDecoder:
             start = end
 
     def _prefill_group(self, rows: list[int], prompts: list[list[int]], width: int) -> None:
-        dev, n = self.device, len(prompts)
+        dev, n, width = self.device, len(prompts), min(_aligned(width), self.capacity)
         ids = torch.zeros(n, width, dtype=torch.long)
         for j, p in enumerate(prompts):
             ids[j, :len(p)] = torch.tensor(p)

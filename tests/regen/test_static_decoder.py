@@ -110,6 +110,7 @@ def test_eager_attention_and_no_stops(model_dirs):
     want = _reference(model, prompts, set())
     assert all(len(a) == MAX_NEW for a in want)
     _assert_same(greedy_decode(model, prompts, MAX_NEW, set(), batch_size=2, cuda_graphs=False), want)
+    assert model.config._attn_implementation == "eager"  # the decoder swaps it back
 
 
 def test_refusals(model_dirs, tmp_path):
