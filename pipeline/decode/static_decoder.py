@@ -34,13 +34,16 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   stops: set[int] | Sequence[int], *, batch_size: int,
                   max_length: int | None = None, cuda_graphs: bool = True,
                   sync_every: int = 8, prefill_tokens: int = 16384,
-                  span_bucket: int = 128) -> list[list[int]]:
+                  span_bucket: int = 128, refill_rows: int | None = None) -> list[list[int]]:
     """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order.
 
     ``max_length`` is the cache's length per row; it must hold the longest prompt plus
     ``max_new_tokens - 1`` (the last token is never fed back); by default exactly that.
     ``cuda_graphs`` captures the decode step where the model is on CUDA; on CPU the same
-    step runs uncaptured. ``prefill_tokens`` bounds a prefill group's padded tokens.
+    step runs uncaptured. ``prefill_tokens`` bounds a prefill group's padded tokens;
+    finished rows are refilled once ``refill_rows`` of them are free (default: 1/32 of the
+    batch) or no more are waiting; attention spans are rounded up to ``span_bucket`` columns
+    (one captured graph per span).
     """
     check_supported(model)
     if max_new_tokens < 1:
@@ -63,11 +66,14 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                          f"({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
                          f"{max_new_tokens} - 1 = {need}")
     rows = min(batch_size, len(prompts))
+    refill_rows = max(1, rows // 32) if refill_rows is None else refill_rows
+    if not 1 <= refill_rows <= rows:
+        raise ValueError(f"refill_rows must be in [1, {rows}] (the rows in use), got {refill_rows}")
     decoder = StaticDecoder(model, rows, max_length, max_new_tokens, stops,
                             cuda_graphs=cuda_graphs, prefill_tokens=prefill_tokens,
                             span_bucket=span_bucket)
     with torch.no_grad(), swapped(model):
-        return decoder.run(prompts, sync_every)
+        return decoder.run(prompts, sync_every, refill_rows)
 
 
 def _aligned(columns: int, multiple: int = 16) -> int:
@@ -107,17 +113,19 @@ class StaticDecoder:
 
     # ---- the loop --------------------------------------------------------------------------
 
-    def run(self, prompts: list[list[int]], sync_every: int) -> list[list[int]]:
+    def run(self, prompts: list[list[int]], sync_every: int, refill_rows: int) -> list[list[int]]:
         # Longest first: refill groups have similar lengths (little padding), and the tail,
         # when the batch empties, is made of the cheapest requests.
         waiting = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         owner: list[int | None] = [None] * self.rows   # which prompt each row holds
         answers: list[list[int] | None] = [None] * len(prompts)
+        # Refill once a few rows are free, not at every sync: an idle row costs a step almost
+        # nothing, while each prefill call has a fixed cost (it is not captured).
         steps = 0
         while True:
             self._collect(owner, answers)
             free = [r for r in range(self.rows) if owner[r] is None]
-            if waiting and free:
+            if waiting and len(free) >= min(refill_rows, len(waiting)):
                 take = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
                 self._prefill(free[:len(take)], [prompts[i] for i in take])
                 for r, i in zip(free, take):

@@ -93,13 +93,14 @@ def test_equals_generate_with_refills_stops_and_cuts(family, model_dirs):
 
 
 def test_batch_layouts_agree(model_dirs):
-    """One row, more rows than prompts, syncing every step, tiny prefill groups, a longer
-    cache than needed: the same answers as generate."""
+    """One row, more rows than prompts, syncing every step, refills held until 3 rows are
+    free, tiny prefill groups and spans, a longer cache than needed: the same answers."""
     model = _load(model_dirs["llama"])
     prompts = _prompts(7, seed=9)
     stops = _stops_for(model, prompts)
     want = _reference(model, prompts, stops)
     for kwargs in ({"batch_size": 1}, {"batch_size": 16, "sync_every": 1},
+                   {"batch_size": 5, "refill_rows": 3, "sync_every": 2},
                    {"batch_size": 3, "prefill_tokens": 8, "max_length": 128, "span_bucket": 4}):
         _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, cuda_graphs=False, **kwargs), want)
 
