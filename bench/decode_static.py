@@ -184,6 +184,9 @@ def measure(args) -> dict:
         for name in answers:
             if name != "hf":
                 result["runs"][name].update(compare(answers[name], answers["hf"]))
+    if "static" in answers and "static_eager" in answers:
+        same = sum(a == b for a, b in zip(answers["static"], answers["static_eager"]))
+        result["runs"]["static_eager"]["identical_to_static"] = same / len(prompts)
     return result
 
 
