@@ -5,7 +5,7 @@
     python -m bench.decode_static --model qwen3_8b_random --prompts 512 --max-new-tokens 256 \
         --batch 256 --device cuda --out /tmp/decode_8b.json
 
-Runs (``--runs``, in order): ``static`` (pipeline.decode with CUDA graphs), ``static_eager``
+Runs (``--runs``, in order): ``static`` (pipeline.regen.static_decoder with CUDA graphs), ``static_eager``
 (the same, uncaptured), ``hf`` (``generate``, left-padded batches of ``--batch``) and
 ``hf_static`` (``generate`` with ``cache_implementation="static"``; off by default). Each
 reports generated tokens (answers cut after their first stop token, stop included), wall
@@ -116,7 +116,7 @@ def hf_generate(model, prompts, max_new, stops, batch, pad_id, static_cache=Fals
 
 
 def run_one(name, model, prompts, max_new, stops, batch, pad_id, sync_every):
-    from pipeline.decode import greedy_decode
+    from pipeline.regen.static_decoder import greedy_decode
 
     if name in ("static", "static_eager"):
         return greedy_decode(model, prompts, max_new, stops, batch_size=batch,

@@ -7,7 +7,7 @@ as the uncaptured step and as HF generate, per prompt, in fp32, with refills and
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from pipeline.decode import greedy_decode
+from pipeline.regen.static_decoder import greedy_decode
 
 MAX_NEW = 12
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from pipeline.decode import greedy_decode
+from pipeline.regen.static_decoder import greedy_decode
 
 MAX_NEW = 10
 

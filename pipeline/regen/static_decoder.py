@@ -1,14 +1,14 @@
 """Greedy decoding with continuous batching on a static KV cache (the ``static`` regen engine).
 
-    from pipeline.decode import greedy_decode
+    from pipeline.regen.static_decoder import greedy_decode
     answers = greedy_decode(model, prompts, max_new_tokens=256, stops={2}, batch_size=512)
 
 Shape (as gpt-fast and vLLM): a KV cache allocated once for ``batch_size`` rows; each row holds
 one request; one decode step runs every row at once at its own position (RoPE position ids, a
 K/V write at that position, a mask over that row's prefix). On CUDA the step is captured as a
 CUDA graph, one per attention span bucket, with the argmax and the bookkeeping (tokens out,
-counts, stop check) inside, so ``sync_every`` steps replay without a host sync. Attention runs through
-``row_attention`` (grouped query heads against the cache, no copy of it). At each sync
+counts, stop check) inside, so ``sync_every`` steps replay without a host sync. Attention
+runs through ``static_attention`` (grouped query heads against the cache, no copy of it). At each sync
 finished rows (a stop token, or ``max_new_tokens``) are collected and refilled with waiting
 prompts, prefilled together and written into the freed rows: the batch stays full.
 
@@ -24,8 +24,8 @@ from typing import Sequence
 
 import torch
 
-from pipeline.decode.row_attention import swapped
-from pipeline.decode.row_cache import RowCache, cache_keyword, check_supported
+from pipeline.regen.static_attention import swapped
+from pipeline.regen.static_cache import RowCache, cache_keyword, check_supported
 
 log = logging.getLogger(__name__)
 
