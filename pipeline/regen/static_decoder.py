@@ -1,0 +1,257 @@
+"""Greedy decoding with continuous batching on a static KV cache (the ``static`` regen engine).
+
+    from pipeline.regen.static_decoder import greedy_decode
+    answers = greedy_decode(model, prompts, max_new_tokens=256, stops={2}, batch_size=512)
+
+Shape (as gpt-fast and vLLM): a KV cache allocated once for ``batch_size`` rows; each row holds
+one request; one decode step runs every row at once at its own position (RoPE position ids, a
+K/V write at that position, a mask over that row's prefix). On CUDA the step is captured as a
+CUDA graph, one per attention span bucket, with the argmax and the bookkeeping (tokens out,
+counts, stop check) inside, so ``sync_every`` steps replay without a host sync. Attention
+runs through ``static_attention`` (grouped query heads against the cache, no copy of it). At each sync
+finished rows (a stop token, or ``max_new_tokens``) are collected and refilled with waiting
+prompts, prefilled together and written into the freed rows: the batch stays full.
+
+Each answer holds the generated ids up to and including the first stop token, as a row of
+``model.generate`` does before its padding; ``pipeline.regen.greedy.cut_at_stop`` cuts it the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Sequence
+
+import torch
+
+from pipeline.regen.static_attention import swapped
+from pipeline.regen.static_cache import RowCache, cache_keyword, check_supported
+
+log = logging.getLogger(__name__)
+
+
+def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  stops: set[int] | Sequence[int], *, batch_size: int,
+                  max_length: int | None = None, cuda_graphs: bool = True,
+                  sync_every: int = 8, prefill_tokens: int = 16384,
+                  span_bucket: int = 128, refill_rows: int | None = None) -> list[list[int]]:
+    """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order.
+
+    ``max_length`` is the cache's length per row; it must hold the longest prompt plus
+    ``max_new_tokens - 1`` (the last token is never fed back); by default exactly that.
+    ``cuda_graphs`` captures the decode step where the model is on CUDA; on CPU the same
+    step runs uncaptured. ``prefill_tokens`` bounds a prefill group's padded tokens;
+    finished rows are refilled once ``refill_rows`` of them are free (default: 1/32 of the
+    batch) or no more are waiting; attention spans are rounded up to ``span_bucket`` columns
+    (one captured graph per span).
+    """
+    check_supported(model)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if sync_every < 1:
+        raise ValueError(f"sync_every must be >= 1, got {sync_every}")
+    prompts = [list(map(int, p)) for p in prompts]
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise ValueError(f"static decoder: prompt {empty[0]} is empty ({len(empty)} empty prompts)")
+    if not prompts:
+        return []
+    need = max(len(p) for p in prompts) + max_new_tokens - 1
+    if max_length is None:
+        max_length = need
+    elif max_length < need:
+        raise ValueError(f"max_length {max_length} cannot hold the longest prompt "
+                         f"({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
+                         f"{max_new_tokens} - 1 = {need}")
+    rows = min(batch_size, len(prompts))
+    refill_rows = max(1, rows // 32) if refill_rows is None else refill_rows
+    if not 1 <= refill_rows <= rows:
+        raise ValueError(f"refill_rows must be in [1, {rows}] (the rows in use), got {refill_rows}")
+    decoder = StaticDecoder(model, rows, max_length, max_new_tokens, stops,
+                            cuda_graphs=cuda_graphs, prefill_tokens=prefill_tokens,
+                            span_bucket=span_bucket)
+    with torch.no_grad(), swapped(model):
+        return decoder.run(prompts, sync_every, refill_rows)
+
+
+def _aligned(columns: int, multiple: int = 16) -> int:
+    return -(-columns // multiple) * multiple
+
+
+class StaticDecoder:
+    """The cache, the per-row state on device, and the decode step (captured or not)."""
+
+    def __init__(self, model, rows: int, max_length: int, max_new_tokens: int, stops,
+                 *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int):
+        self.model, self.body, self.head = model, model.base_model, model.get_output_embeddings()
+        self.cache_kw = cache_keyword(self.body)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.rows, self.max_length, self.max_new = rows, max_length, max_new_tokens
+        self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        if cuda_graphs and not self.use_graphs:
+            log.info("static decoder: model on %s, decode step runs uncaptured", self.device)
+        # Columns in multiples of 16: SDPA's memory-efficient kernel wants the mask's last
+        # dimension aligned, and would otherwise copy it (or fall back to the math kernel).
+        self.capacity = _aligned(max_length)
+        self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device)
+        dev = self.device
+        stop_list = sorted({int(s) for s in stops}) or [-1]  # -1: no token ever matches
+        self.stops = torch.tensor(stop_list, device=dev)
+        # Per-row state, updated in place by the step so that a captured graph sees it.
+        self.ids = torch.zeros(rows, dtype=torch.long, device=dev)       # token fed next
+        self.pos = torch.zeros(rows, dtype=torch.long, device=dev)       # its position
+        self.n_gen = torch.zeros(rows, dtype=torch.long, device=dev)     # tokens generated
+        self.done = torch.ones(rows, dtype=torch.bool, device=dev)       # finished or empty
+        self.out = torch.zeros(rows, max_new_tokens + 1, dtype=torch.long, device=dev)
+        self.columns = torch.arange(self.capacity, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def run(self, prompts: list[list[int]], sync_every: int, refill_rows: int) -> list[list[int]]:
+        # Longest first: refill groups have similar lengths (little padding), and the tail,
+        # when the batch empties, is made of the cheapest requests.
+        waiting = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
+        owner: list[int | None] = [None] * self.rows   # which prompt each row holds
+        answers: list[list[int] | None] = [None] * len(prompts)
+        # Refill once a few rows are free, not at every sync: an idle row costs a step almost
+        # nothing, while each prefill call has a fixed cost (it is not captured).
+        steps = 0
+        while True:
+            self._collect(owner, answers)
+            free = [r for r in range(self.rows) if owner[r] is None]
+            if waiting and len(free) >= min(refill_rows, len(waiting)):
+                take = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
+                self._prefill(free[:len(take)], [prompts[i] for i in take])
+                for r, i in zip(free, take):
+                    owner[r] = i
+                continue  # a prompt may finish at its first token: collect again
+            if all(o is None for o in owner):
+                break
+            span = self._span(sync_every)
+            for _ in range(sync_every):
+                self._step_once(span)
+            steps += sync_every
+        log.info("static decoder: %d prompts, %d decode steps of %d rows, %d span graphs",
+                 len(prompts), steps, self.rows, len(self.graphs))
+        assert all(a is not None for a in answers)
+        return answers  # type: ignore[return-value]
+
+    def _collect(self, owner: list[int | None], answers: list) -> None:
+        """Answers of finished rows copied out (one transfer), their rows freed."""
+        done = self.done.tolist()
+        rows = [r for r in range(self.rows) if done[r] and owner[r] is not None]
+        if not rows:
+            return
+        index = torch.tensor(rows, device=self.device)
+        tokens, counts = self.out[index].tolist(), self.n_gen[index].tolist()
+        for r, row_tokens, n in zip(rows, tokens, counts):
+            answers[owner[r]] = row_tokens[:n]
+            owner[r] = None
+
+    def _span(self, steps: int) -> int:
+        """Columns the next ``steps`` decode steps attend to, rounded up to a bucket."""
+        live = ~self.done
+        top = int(torch.where(live, self.pos, 0).max()) + steps + 1
+        span = -(-top // self.span_bucket) * self.span_bucket
+        return min(span, self.capacity)
+
+    # ---- prefill ---------------------------------------------------------------------------
+
+    def _prefill(self, rows: list[int], prompts: list[list[int]]) -> None:
+        """Prefill ``prompts`` into ``rows`` in groups of at most ``prefill_tokens`` padded tokens."""
+        start = 0
+        while start < len(prompts):
+            width, end = len(prompts[start]), start
+            while end < len(prompts):
+                width_next = max(width, len(prompts[end]))
+                if end > start and width_next * (end - start + 1) > self.prefill_tokens:
+                    break
+                width, end = width_next, end + 1
+            self._prefill_group(rows[start:end], prompts[start:end], width)
+            start = end
+
+    def _prefill_group(self, rows: list[int], prompts: list[list[int]], width: int) -> None:
+        dev, n, width = self.device, len(prompts), min(_aligned(width), self.capacity)
+        ids = torch.zeros(n, width, dtype=torch.long)
+        for j, p in enumerate(prompts):
+            ids[j, :len(p)] = torch.tensor(p)
+        lengths = torch.tensor([len(p) for p in prompts], device=dev)
+        ids = ids.to(dev)
+        cols = torch.arange(width, device=dev)
+        # Query i of row j sees key c when c <= i and c is inside the prompt (right padding).
+        visible = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] < lengths[:, None, None])
+        row_index = torch.tensor(rows, device=dev)
+        self.cache.prefill_rows = row_index
+        try:
+            hidden = self.body(input_ids=ids, position_ids=cols[None].expand(n, width),
+                               attention_mask=self._additive(visible[:, None]),
+                               use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
+        finally:
+            self.cache.prefill_rows = None
+        first = self.head(hidden[torch.arange(n, device=dev), lengths - 1]).argmax(-1)
+        self.ids[row_index] = first
+        self.pos[row_index] = lengths
+        self.n_gen[row_index] = 1
+        self.out[row_index, 0] = first
+        self.done[row_index] = self._is_stop(first) | (self.max_new <= 1)
+
+    # ---- decode ----------------------------------------------------------------------------
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """A boolean visibility mask as the additive float mask both sdpa and eager take."""
+        blocked = torch.finfo(self.dtype).min
+        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(~visible, blocked)
+
+    def _is_stop(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (tokens[:, None] == self.stops[None]).any(-1)
+
+    def _step(self, span: int) -> None:
+        """One token for every row, all on device; finished rows step too but change nothing."""
+        self.cache.positions, self.cache.span = self.pos, span
+        visible = self.columns[None, :span] <= self.pos[:, None]
+        hidden = self.body(input_ids=self.ids[:, None], position_ids=self.pos[:, None],
+                           attention_mask=self._additive(visible[:, None, None]),
+                           use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
+        token = self.head(hidden[:, -1]).argmax(-1)
+        live = ~self.done
+        token = torch.where(live, token, self.ids)
+        # Column n_gen <= max_new exists (one spare column): a finished row writes junk there.
+        self.out[self.cache.row_ids, self.n_gen] = token
+        self.n_gen.add_(live.long())
+        self.done.logical_or_(live & (self._is_stop(token) | (self.n_gen >= self.max_new)))
+        self.pos.add_((~self.done).long())
+        self.ids.copy_(token)
+
+    def _step_once(self, span: int) -> None:
+        if not self.use_graphs:
+            self._step(span)
+            return
+        if span not in self.graphs:
+            self.graphs[span] = self._capture(span)
+        self.graphs[span].replay()
+
+    def _capture(self, span: int) -> "torch.cuda.CUDAGraph":
+        """The step at ``span`` captured; warm-up runs move the state, so it is put back."""
+        state = [t.clone() for t in (self.ids, self.pos, self.n_gen, self.done, self.out)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step(span)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._step(span)
+        # Warm-up K/V writes are harmless: each went to a position a real step rewrites
+        # with the same values, or to a finished row's frozen position.
+        for live, saved in zip((self.ids, self.pos, self.n_gen, self.done, self.out), state):
+            live.copy_(saved)
+        return graph

@@ -1,0 +1,126 @@
+"""The static-cache decoder against Hugging Face greedy decoding, prompt by prompt, in fp32.
+
+Each prompt's reference is ``model.generate(do_sample=False)`` on that prompt alone (no
+padding, HF's own cache), so equality checks per-row positions, cache writes, masks, refills
+and stop handling at once: a wrong position or a stale cache column shows as a changed token.
+"""
+
+from itertools import combinations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+from pipeline.regen.static_decoder import greedy_decode
+
+MAX_NEW = 10
+
+
+def _save(path, family, **overrides):
+    """A tiny random model saved with save_pretrained. Weights drawn wider than the default
+    (std 0.2, not 0.02) so that greedy answers vary instead of repeating one token."""
+    torch.manual_seed(3)
+    shape = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                 initializer_range=0.2, **overrides)
+    cfg = (LlamaConfig(tie_word_embeddings=True, **shape) if family == "llama"
+           else Qwen3Config(head_dim=8, tie_word_embeddings=False, **shape))
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    return {family: _save(tmp_path_factory.mktemp(family), family) for family in ("llama", "qwen3")}
+
+
+def _load(path, **kwargs):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
+    model.generation_config.eos_token_id = None  # the stops are each test's own
+    return model
+
+
+def _prompts(n, seed, vocab=96):
+    """``n`` random prompts of 1 to 30 tokens, in no particular length order."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 31, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def _generate(model, prompt, max_new, stops):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new, eos_token_id=sorted(stops) or None,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _stops_for(model, prompts):
+    """Two stop tokens under which rows finish at the most different steps (some at the
+    first token, some by the max_new_tokens cut): picked from the answers without stops."""
+    free = [_generate(model, p, MAX_NEW, set()) for p in prompts]
+
+    def spread(stops):
+        return len({next((j + 1 for j, t in enumerate(r) if t in stops), MAX_NEW + 1)
+                    for r in free})
+
+    tokens = sorted({t for r in free for t in r})
+    return set(max(combinations(tokens, 2), key=lambda pair: spread(set(pair))))
+
+
+def _reference(model, prompts, stops):
+    return [_generate(model, p, MAX_NEW, stops) for p in prompts]
+
+
+def _assert_same(got, want):
+    mismatch = [(i, w, g) for i, (w, g) in enumerate(zip(want, got)) if w != g]
+    assert not mismatch, f"{len(mismatch)} of {len(want)} differ, first (i, hf, ours): {mismatch[0]}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_equals_generate_with_refills_stops_and_cuts(family, model_dirs):
+    model = _load(model_dirs[family])
+    prompts = _prompts(13, seed=5)
+    stops = _stops_for(model, prompts)
+    want = _reference(model, prompts, stops)
+    lengths = [len(w) for w in want]
+    # The case is only meaningful if rows finished at different steps, some by a stop
+    # and some by the max_new_tokens cut.
+    assert len(set(lengths)) >= 3 and MAX_NEW in lengths and min(lengths) < MAX_NEW
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=4,
+                               cuda_graphs=False, sync_every=3), want)
+
+
+def test_batch_layouts_agree(model_dirs):
+    """One row, more rows than prompts, syncing every step, refills held until 3 rows are
+    free, tiny prefill groups and spans, a longer cache than needed: the same answers."""
+    model = _load(model_dirs["llama"])
+    prompts = _prompts(7, seed=9)
+    stops = _stops_for(model, prompts)
+    want = _reference(model, prompts, stops)
+    for kwargs in ({"batch_size": 1}, {"batch_size": 16, "sync_every": 1},
+                   {"batch_size": 5, "refill_rows": 3, "sync_every": 2},
+                   {"batch_size": 3, "prefill_tokens": 8, "max_length": 128, "span_bucket": 4}):
+        _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, cuda_graphs=False, **kwargs), want)
+
+
+def test_eager_attention_and_no_stops(model_dirs):
+    model = _load(model_dirs["llama"], attn_implementation="eager")
+    prompts = _prompts(5, seed=2)
+    want = _reference(model, prompts, set())
+    assert all(len(a) == MAX_NEW for a in want)
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, set(), batch_size=2, cuda_graphs=False), want)
+    assert model.config._attn_implementation == "eager"  # the decoder swaps it back
+
+
+def test_refusals(model_dirs, tmp_path):
+    model = _load(model_dirs["llama"])
+    with pytest.raises(ValueError, match="max_length 5 cannot hold"):
+        greedy_decode(model, [[1, 2, 3]], 4, {0}, batch_size=2, max_length=5)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        greedy_decode(model, [[1], []], 4, {0}, batch_size=2)
+    sliding = _save(tmp_path, "qwen3", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    with pytest.raises(ValueError, match="sliding-window"):
+        greedy_decode(_load(sliding), [[1]], 2, {0}, batch_size=1)
+    assert greedy_decode(model, [], 4, {0}, batch_size=2) == []
