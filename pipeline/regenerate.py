@@ -10,9 +10,11 @@
 Every assistant turn is regenerated in order, each from the conversation so far (earlier
 assistant turns already regenerated); system and user turns are kept. A conversation that ends
 with a user turn (a prompts-only line, the usual input) gets the answer to it appended.
-Decoding runs on transformers' continuous-batching engine (``--engine cb``, the default; it
-falls back to ``generate`` with one log line where it cannot serve the model) or on
-left-padded ``generate`` batches (``--engine generate``, the baseline). A run that writes
+Decoding runs on our static-cache engine (``--engine static``, the default: a KV cache
+allocated once, finished rows refilled with waiting prompts, the decode step a CUDA graph),
+on transformers' continuous-batching engine (``--engine cb``), or on left-padded ``generate``
+batches (``--engine generate``, the baseline); static and cb fall back to ``generate`` with
+one log line where they cannot serve the model. A run that writes
 nothing (every line bad, or none at all) says so and ends rc 1. The output has one
 record per good input line, in input order: ``{"messages": [...], "source_line": <0-based
 input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [...]}}``.
@@ -54,10 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default=_DEFAULTS["dtype"],
                    help="auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--engine", choices=ENGINES, default=_DEFAULTS["engine"],
-                   help="cb: transformers' continuous batching; generate: padded batches")
+                   help="static: our static-cache engine, rows refilled, CUDA-graph steps; "
+                        "cb: transformers' continuous batching; generate: padded batches")
     p.add_argument("--batch-size", type=int, default=_DEFAULTS["batch_size"],
                    help="conversations per worker call (generate: its padded batch); "
-                        "default 1024 with cb, 16 with generate")
+                        "default 1024 with static and cb, 16 with generate")
+    p.add_argument("--static-rows", type=int, default=_DEFAULTS["static_rows"],
+                   help="static: requests decoded at once (the KV cache's rows)")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,

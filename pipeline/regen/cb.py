@@ -27,7 +27,7 @@ from pipeline.regen.messages import GenRequest, Message, TurnResult
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("cb", "generate")
+ENGINES = ("static", "cb", "generate")
 SWITCHES = ("auto", "on", "off")
 COMPILE_LEVELS = (0, 1, 2, 3)
 

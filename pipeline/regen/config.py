@@ -22,13 +22,16 @@ class RegenConfig:
     num_workers: int = 1  # generator actors; one GPU each on cuda
     device: str = "auto"  # auto: cuda when the Ray cluster has GPUs
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    # cb: transformers' continuous-batching engine; generate: left-padded generate() batches
-    # (the measured baseline). cb falls back to generate, with a log line, where it cannot run.
-    engine: str = "cb"
-    # Conversations per worker call. generate: also its padded batch. cb: all their turns go
-    # through the engine together (its batch is bounded by cb_max_batch_tokens/requests).
-    # None: 16 for generate, 1024 for cb.
+    # static: our static-cache engine (pipeline/regen/static_decoder.py: rows refilled as
+    # they finish, the decode step a CUDA graph); cb: transformers' continuous-batching
+    # engine; generate: left-padded generate() batches (the measured baseline). static and
+    # cb fall back to generate, with a log line, where they cannot serve the model.
+    # docs/BENCHMARKS.md ("Decoding") has the three measured side by side.
+    engine: str = "static"
+    # Conversations per worker call. generate: also its padded batch. static and cb: a
+    # round's turns go through the engine together. None: 16 for generate, 1024 otherwise.
     batch_size: Optional[int] = None
+    static_rows: int = 512  # static: the KV cache's rows (requests decoded at once)
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).
@@ -57,7 +60,8 @@ class RegenConfig:
         for flag, value in (("--num-workers", self.num_workers),
                             ("--batch-size", self.conversations_per_call),
                             ("--max-new-tokens", self.max_new_tokens),
-                            ("--in-flight-per-worker", self.in_flight_per_worker)):
+                            ("--in-flight-per-worker", self.in_flight_per_worker),
+                            ("--static-rows", self.static_rows)):
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
             require(ok, flag, value, "an integer >= 1")
         require(self.cpus_per_worker > 0, "--cpus-per-worker", self.cpus_per_worker, "> 0")
@@ -72,7 +76,7 @@ class RegenConfig:
     def conversations_per_call(self) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        return 1024 if self.engine == "cb" else 16
+        return 16 if self.engine == "generate" else 1024
 
     def cb_options(self) -> CbOptions:
         return CbOptions(max_batch_tokens=self.cb_max_batch_tokens,

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.regen.cb import CbOptions, CbSession, cb_unsupported
 from pipeline.regen.greedy import (ensure_pad_token, greedy_config, regenerate_batch,
-                                   stop_token_ids)
-from pipeline.regen.messages import GenRequest, GenResult
+                                   static_round, stop_token_ids)
+from pipeline.regen.messages import GenRequest, GenResult, TurnResult
 from pipeline.workers.common import actor_device, on_main_thread
 
 log = logging.getLogger(__name__)
@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
-                 max_new_tokens: int, enable_thinking: bool = True, engine: str = "cb",
-                 cb_options: Optional[CbOptions] = None) -> None:
+                 max_new_tokens: int, enable_thinking: bool = True, engine: str = "static",
+                 cb_options: Optional[CbOptions] = None, static_rows: int = 512) -> None:
         self.rank = rank
         self.enable_thinking = enable_thinking
         self.device = actor_device(device)
@@ -37,11 +37,26 @@ class GeneratorWorker:
         pad_id = ensure_pad_token(self.tokenizer)
         self.config = greedy_config(self.stops, pad_id, max_new_tokens)
         self.cb: Optional[CbSession] = None
+        self.static_rows = static_rows
         if engine == "cb":
             self.cb = self._start_cb(cb_options or CbOptions())
         self.engine = "cb" if self.cb is not None else "generate"
+        if engine == "static" and self._static_serves():
+            self.engine = "static"
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
+
+    def _static_serves(self) -> bool:
+        """Whether the static-cache engine serves this model; else one line and generate."""
+        from pipeline.regen.static_cache import check_supported
+
+        try:
+            check_supported(self.model)
+            return True
+        except ValueError as e:
+            log.warning("generator %d: the static engine cannot serve this model (%s): "
+                        "falling back to generate", self.rank, e)
+            return False
 
     def _start_cb(self, options: CbOptions) -> Optional[CbSession]:
         """The engine, started; None, after one log line saying why, where it cannot serve
@@ -65,8 +80,13 @@ class GeneratorWorker:
         if self.cb is not None:
             done = self.cb.regenerate(batch)
         else:
+            decode = None
+            if self.engine == "static":
+                def decode(prompts: list[str]) -> list[TurnResult]:
+                    return static_round(self.model, self.tokenizer, prompts, self.config,
+                                        self.stops, self.static_rows)
             done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops,
-                                    self.enable_thinking)
+                                    self.enable_thinking, decode)
         main = on_main_thread()
         return [GenResult(line_index=r.line_index, messages=tuple(messages),
                           turns=tuple(turns), on_main_thread=main)

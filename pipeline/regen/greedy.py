@@ -16,7 +16,7 @@ it is, so the stored turn re-renders to what was generated; each turn is checked
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from transformers import GenerationConfig
@@ -114,8 +114,15 @@ def store_turn(tokenizer, conv: list[Message], pos: int, turn: TurnResult,
 def regenerate_batch(model, tokenizer, requests: Sequence[GenRequest],
                      config: GenerationConfig, stops: Sequence[int],
                      enable_thinking: bool = True,
+                     decode: Optional[Callable[[list[str]], list[TurnResult]]] = None,
                      ) -> list[tuple[list[Message], list[TurnResult]]]:
-    """Each request's conversation with its assistant turns regenerated, round by round."""
+    """Each request's conversation with its assistant turns regenerated, round by round.
+
+    ``decode`` answers one round's rendered prompts (default: one left-padded ``generate``
+    call, :func:`greedy_batch`; the static engine passes :func:`static_round`)."""
+    if decode is None:
+        def decode(prompts: list[str]) -> list[TurnResult]:
+            return greedy_batch(model, tokenizer, prompts, config, stops)
     convs, positions = zip(*(with_answer_slots(r.messages) for r in requests)) \
         if requests else ((), ())
     convs = list(convs)
@@ -123,7 +130,7 @@ def regenerate_batch(model, tokenizer, requests: Sequence[GenRequest],
     for depth in range(max((len(p) for p in positions), default=0)):
         todo = [(i, p[depth]) for i, p in enumerate(positions) if depth < len(p)]
         prompts = [render_prompt(tokenizer, convs[i][:pos], enable_thinking) for i, pos in todo]
-        for (i, pos), turn in zip(todo, greedy_batch(model, tokenizer, prompts, config, stops)):
+        for (i, pos), turn in zip(todo, decode(prompts)):
             turns[i].append(store_turn(tokenizer, convs[i], pos, turn, stops, enable_thinking))
     return list(zip(convs, turns))
 
@@ -137,3 +144,14 @@ def ensure_pad_token(tokenizer) -> int:
                              "cannot left-pad a batch or tell where a turn ends")
         tokenizer.pad_token = tokenizer.eos_token
     return int(tokenizer.pad_token_id)
+
+
+def static_round(model, tokenizer, prompts: Sequence[str], config: GenerationConfig,
+                 stops: Sequence[int], rows: int) -> list[TurnResult]:
+    """Greedy answers to rendered prompts on the static-cache engine
+    (:mod:`pipeline.regen.static_decoder`): no padding, finished rows refilled."""
+    from pipeline.regen.static_decoder import greedy_decode
+
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    answers = greedy_decode(model, ids, config.max_new_tokens, set(stops), batch_size=rows)
+    return [cut_at_stop(tokenizer, row, stops) for row in answers]

@@ -1,4 +1,5 @@
-"""The continuous-batching engine as a plain class: every answer equals HF greedy `generate`.
+"""The continuous-batching and static engines as plain classes: every answer equals HF greedy
+`generate`.
 
 The reference decodes one conversation and one turn at a time, unpadded, with plain
 ``generate``; the engine serves all conversations together, each next turn joining as soon as
@@ -63,12 +64,14 @@ def workers(target):
     kw = dict(rank=0, target_path=target, device="cpu", dtype=torch.float32,
               max_new_tokens=MAX_NEW)
     yield (GeneratorWorker(engine="cb", cb_options=CbOptions(num_blocks=16), **kw),
-           GeneratorWorker(engine="generate", **kw))
+           GeneratorWorker(engine="generate", **kw),
+           # 2 rows for up to 5 prompts a round: finished rows are refilled
+           GeneratorWorker(engine="static", static_rows=2, **kw))
     torch.set_num_threads(threads)
 
 
 def test_cb_answers_equal_one_by_one_greedy(workers):
-    cb, plain = workers
+    cb, plain, _ = workers
     assert (cb.engine, plain.engine) == ("cb", "generate")
     requests = [GenRequest(10 + i, tuple(c)) for i, c in enumerate(conversations())]
     stops = stop_token_ids(cb.model, cb.tokenizer)
@@ -85,8 +88,27 @@ def test_cb_answers_equal_one_by_one_greedy(workers):
         (r.messages, r.turns) for r in got]
 
 
+def test_static_engine_stores_the_same_records_as_generate(workers):
+    _, plain, static = workers
+    assert static.engine == "static"
+    requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
+    assert [(r.messages, r.turns) for r in static.generate(requests)] == [
+        (r.messages, r.turns) for r in plain.generate(requests)]
+
+
+def test_static_engine_falls_back_in_one_line_for_a_family_it_cannot_serve(caplog):
+    from pipeline.assets.family_targets import ensure_family_target
+
+    worker = GeneratorWorker(rank=0, target_path=ensure_family_target("gemma3_text"),
+                             device="cpu", dtype=torch.float32, max_new_tokens=4,
+                             engine="static")
+    assert worker.engine == "generate"
+    lines = [r.getMessage() for r in caplog.records if "static engine" in r.getMessage()]
+    assert len(lines) == 1 and "falling back to generate" in lines[0]
+
+
 def test_cb_engine_kept_between_calls_answers_alike(workers):
-    cb, _ = workers
+    cb, _, _ = workers
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
     whole = cb.generate(requests)
     parts = cb.generate(requests[3:]) + cb.generate(requests[:3])
