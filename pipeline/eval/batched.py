@@ -16,7 +16,7 @@ once (pipeline/model/families.py decides).
 from __future__ import annotations
 
 import logging
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -108,7 +108,8 @@ class _Rows:
 def batched_generate(target: nn.Module, proposer: RowProposer,
                      prompts: Sequence[Sequence[int]], tap_ids: Sequence[int],
                      max_new_tokens: int, eos_token_id: Optional[int] = None,
-                     static: bool = False, graphs: bool = False) -> list[DecodeResult]:
+                     static: bool = False, graphs: bool = False,
+                     pace: Callable[[], None] = lambda: None) -> list[DecodeResult]:
     """Greedy speculative decoding of all ``prompts`` at once (one batch); one result a prompt,
     equal to what :func:`speculative_generate` gives it alone (crop families only).
 
@@ -132,8 +133,14 @@ def batched_generate(target: nn.Module, proposer: RowProposer,
     if graphs:
         _capture_steps(cache, proposer, state)
     live = torch.arange(len(prompts), device=dev)  # rows of `state` the cache holds, in order
-    while not bool(state.done[live].all()):
-        live = _round(cache, proposer, state, live, tap_ids, b, max_new_tokens, eos_token_id)
+    try:
+        while not bool(state.done[live].all()):
+            live = _round(cache, proposer, state, live, tap_ids, b, max_new_tokens,
+                          eos_token_id)
+            pace()
+    finally:
+        if isinstance(proposer, RowDrafter):  # its graph read this batch's buffers
+            proposer.step = proposer._draft
     return [_result(state, r, eos_token_id) for r in range(len(prompts))]
 
 
@@ -247,18 +254,24 @@ def _result(state: _Rows, r: int, eos_token_id: Optional[int]) -> DecodeResult:
 
 def decode_many(target: nn.Module, proposer: RowProposer, prompts: Sequence[Sequence[int]],
                 tap_ids: Sequence[int], max_new_tokens: int, eos_token_id: Optional[int],
-                batch_size: int) -> list[DecodeResult]:
+                batch_size: int, graphs: bool = False,
+                pace: Callable[[], None] = lambda: None) -> list[DecodeResult]:
     """Every prompt's result, ``batch_size`` prompts at a time where the target's family has
-    the fast path, else one at a time (said once, in one log line)."""
+    the fast path, else one at a time (said once, in one log line). ``pace`` is called after
+    every round (batched) or prompt (one at a time)."""
     model_type = getattr(target.config, "model_type", None)
     why_not = batched_of(model_type)
     if why_not is not None or batch_size == 1:
         if why_not is not None:
             log.info("tau: decoding prompt by prompt (%s)", why_not)
-        return [speculative_generate(target, proposer, p, tap_ids, max_new_tokens, eos_token_id)
-                for p in prompts]
+        results = []
+        for p in prompts:
+            results.append(speculative_generate(target, proposer, p, tap_ids, max_new_tokens,
+                                                eos_token_id))
+            pace()
+        return results
     results: list[DecodeResult] = []
     for i in range(0, len(prompts), batch_size):
         results += batched_generate(target, proposer, prompts[i:i + batch_size], tap_ids,
-                                    max_new_tokens, eos_token_id)
+                                    max_new_tokens, eos_token_id, graphs=graphs, pace=pace)
     return results
