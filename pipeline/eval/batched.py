@@ -154,7 +154,14 @@ def _capture_steps(cache: HoleCache, proposer: RowProposer, state: "_Rows") -> N
             layer.cumulative_length.copy_(value)
     cache.forward = CapturedStep(cache.forward, "verify", offsets, put_back)
     if isinstance(proposer, RowDrafter):
-        proposer.step = CapturedStep(proposer.step, "draft")
+        # The feature buffer is read where it lies (one address all decode), not copied in.
+        captured = CapturedStep(lambda anchors, tokens: proposer._draft(state.features, anchors,
+                                                                        tokens), "draft")
+
+        def step(features, anchors, anchor_tokens):
+            assert features is state.features
+            return captured(anchors, anchor_tokens)
+        proposer.step = step
 
 
 def _prefill(cache: HoleCache, prompts, tap_ids, longest: int, dev):

@@ -75,7 +75,8 @@ class HoleCache:
         # A query always sees its own column: a hole's query (padding, a finished row) then
         # attends to something, and never turns the softmax into NaN.
         own = torch.zeros_like(causal)
-        own[:, torch.arange(q), self.used + torch.arange(q)] = True
+        steps = torch.arange(q, device=causal.device)
+        own[:, steps, self.used + steps] = True
         full = self._additive(causal | own)
         if self.window is None:
             return {"full_attention": full, "sliding_attention": full} if self.by_type else full
