@@ -25,7 +25,7 @@ from pipeline.eval.graphs import CapturedStep
 from pipeline.eval.holes import HoleCache
 from pipeline.eval.speculative import DecodeResult, DrafterProposer, speculative_generate
 from pipeline.model.drafter import embed_tokens
-from pipeline.model.families import batched_of
+from pipeline.model.families import batched_of, graph_verify_of
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +145,16 @@ def batched_generate(target: nn.Module, proposer: RowProposer,
 
 
 def _capture_steps(cache: HoleCache, proposer: RowProposer, state: "_Rows") -> None:
-    """The verify call (and the drafter's block, when it is a DFlash drafter) as graphs."""
+    """The verify call (where the family allows) and the drafter's block (when it is a DFlash
+    drafter) as graphs."""
     def offsets():
         return [layer.cumulative_length.clone() for layer in cache.cache.layers]
 
     def put_back(saved):
         for layer, value in zip(cache.cache.layers, saved):
             layer.cumulative_length.copy_(value)
-    cache.forward = CapturedStep(cache.forward, "verify", offsets, put_back)
+    if graph_verify_of(getattr(cache.target.config, "model_type", None)) is None:
+        cache.forward = CapturedStep(cache.forward, "verify", offsets, put_back)
     if isinstance(proposer, RowDrafter):
         # The feature buffer is read where it lies (one address all decode), not copied in.
         captured = CapturedStep(lambda anchors, tokens: proposer._draft(state.features, anchors,
@@ -277,6 +279,9 @@ def decode_many(target: nn.Module, proposer: RowProposer, prompts: Sequence[Sequ
                                                 eos_token_id))
             pace()
         return results
+    no_graph = graph_verify_of(model_type)
+    if graphs and no_graph is not None:
+        log.info("tau: the verify step runs without a CUDA graph (%s)", no_graph)
     results: list[DecodeResult] = []
     for i in range(0, len(prompts), batch_size):
         results += batched_generate(target, proposer, prompts[i:i + batch_size], tap_ids,

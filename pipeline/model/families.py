@@ -84,8 +84,11 @@ class Family:
     embed_scale: Callable[[Mapping], float] = _no_scale
     # When rope_parameters is keyed by layer type: the entry the drafter uses.
     rope_of_layer_type: Optional[str] = None
-    # Whether the evaluator's many-prompts path serves it (pipeline/eval/batched.py).
+    # Whether the evaluator's many-prompts path serves it (pipeline/eval/batched.py), and
+    # whether its verify step can be captured as a CUDA graph there (MoE routing in
+    # transformers counts tokens per expert on the host: no capture).
     batched_decode: bool = True
+    graph_verify: bool = True
 
     def __post_init__(self) -> None:
         assert self.rollback in ROLLBACKS, self.rollback
@@ -95,17 +98,19 @@ class Family:
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen3", "Qwen3", "crop", "full attention"),
-    Family("qwen3_moe", "Qwen3-MoE", "crop", "full attention, MoE"),
+    Family("qwen3_moe", "Qwen3-MoE", "crop", "full attention, MoE", graph_verify=False),
     Family("llama", "Llama 3.x", "crop", "full attention (llama3 rope scaling)"),
     Family("mistral", "Mistral", "crop", "full or sliding attention"),
     Family("gemma3_text", "Gemma 3 (text)", "crop",
            "sliding (local rope) and full (global rope) attention, scaled embedding",
            embed_scale=_sqrt_hidden, rope_of_layer_type="full_attention"),
-    Family("gpt_oss", "gpt-oss", "crop", "sliding and full attention with sinks, MoE"),
+    Family("gpt_oss", "gpt-oss", "crop", "sliding and full attention with sinks, MoE",
+           graph_verify=False),
     Family("qwen3_5_text", "Qwen3.5 (text)", "recompute",
            "hybrid: linear attention (gated delta net) and full attention",
-           batched_decode=False),
-    Family("deepseek_v3", "DeepSeek-V3", "crop", "MLA, MoE", heads=_mla_heads),
+           batched_decode=False, graph_verify=False),
+    Family("deepseek_v3", "DeepSeek-V3", "crop", "MLA, MoE", heads=_mla_heads,
+           graph_verify=False),
 )}
 
 # Multimodal wrappers of supported text families: their text tower is supported, but only
@@ -201,4 +206,14 @@ def batched_of(model_type: Optional[str]) -> Optional[str]:
     if not family.batched_decode:
         return (f"{family.name} keeps state that cannot be cut back to a prefix "
                 f"({family.layers}), so it has no many-prompts path")
+    return None
+
+
+def graph_verify_of(model_type: Optional[str]) -> Optional[str]:
+    """None when the batched evaluator may capture this target's verify step as a CUDA graph,
+    else why not."""
+    family = FAMILIES.get(model_type or "")
+    if family is None or not family.graph_verify:
+        name = family.name if family else repr(model_type)
+        return f"{name}'s layers ({family.layers if family else 'unknown'}) sync with the host"
     return None

@@ -162,3 +162,14 @@ def test_graphs_on_without_cuda_is_refused():
         options.graphs_on("cpu")
     assert EvalConfig().decode_options().graphs_on("cpu") is False
     assert EvalConfig().decode_options().graphs_on("cuda") is True
+
+
+def test_families_say_which_fast_paths_they_have():
+    from pipeline.model.families import batched_of, graph_verify_of
+
+    assert batched_of("qwen3") is None and graph_verify_of("qwen3") is None
+    assert batched_of("gpt_oss") is None
+    assert graph_verify_of("gpt_oss") == ("gpt-oss's layers (sliding and full attention with "
+                                          "sinks, MoE) sync with the host")
+    assert "no many-prompts path" in batched_of("qwen3_5_text")
+    assert batched_of("phi3") == "model_type='phi3' is no known family"
