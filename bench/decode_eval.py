@@ -72,8 +72,10 @@ def _target(name: str, device: str, dtype: torch.dtype):
     return model, AutoConfig.from_pretrained(name).to_dict(), load_target_head(name), name
 
 
-def _drafter(source: str, target_name: str, config: dict, layers: int,
-             block_size: int) -> DFlashDrafter:
+def _drafter(source: str, target_name: str, config: dict, layers: int, block_size: int,
+             device: str) -> DFlashDrafter:
+    """An exported drafter read back, or a random one built on the device (fp32, as the
+    evaluator runs it)."""
     if source != "random":
         from safetensors.torch import load_file
 
@@ -86,7 +88,8 @@ def _drafter(source: str, target_name: str, config: dict, layers: int,
         num_layers=layers, block_size=block_size)
     spec = build_drafter_spec(config, options, tokenizer_mask_id=int(config["vocab_size"]) - 1)
     torch.manual_seed(1)
-    return DFlashDrafter(spec)
+    with torch.device(device):
+        return DFlashDrafter(spec)
 
 
 def _prompts(args, config: dict, folder: Optional[str]) -> list[list[int]]:
@@ -118,7 +121,8 @@ def _timed(fn):
 def run(args) -> dict:
     dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
     target, config, head, folder = _target(args.target, args.device, dtype)
-    drafter = _drafter(args.drafter, args.target, config, args.drafter_layers, args.block_size)
+    drafter = _drafter(args.drafter, args.target, config, args.drafter_layers, args.block_size,
+                       args.device)
     drafter = drafter.to(args.device).eval()
     proposer = RowDrafter(DrafterProposer(drafter, head.to(args.device, drafter.fc.weight.dtype)))
     prompts = _prompts(args, config, folder)
