@@ -19,7 +19,7 @@ from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target_head
 
 OPTIONS = DrafterConfig(num_layers=1, block_size=4, num_taps=2)
-LENGTHS = (9, 14, 3, 20)  # crossing the tiny targets' sliding windows (8)
+LENGTHS = (9, 12, 3, 7)  # crossing the tiny targets' sliding windows (8)
 
 
 class FlawedOracle:
