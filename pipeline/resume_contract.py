@@ -78,6 +78,8 @@ CHANGEABLE = frozenset({
     "train.optim.min_lr_ratio", "train.optim.weight_decay", "train.optim.betas",
     "train.optim.grad_clip",
     "train.eval.every", "train.eval.prompts", "train.eval.max_new_tokens", "train.eval.gpus",
+    "train.eval.batch_size", "train.eval.cuda_graphs", "train.eval.stream_priority",
+    "train.eval.gpu_duty",
     "train.checkpoint.every", "train.checkpoint.resume", "train.checkpoint.keep_last",
     "train.checkpoint.allow_data_change", "train.checkpoint.final",
     "train.recovery.max_restarts", "train.recovery.max_nonfinite_in_row",

@@ -96,7 +96,8 @@ class TauEvaluator:
             self.worker, Placement(cpus=self.job.cluster.cpus_per_actor, gpus=gpus),
             spec=r.spec, target_path=r.target_path, device=r.device,
             target_dtype=r.autocast_dtype or torch.float32, prompts=self._prompts(),
-            max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id)
+            max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id,
+            decode=e.decode_options())
 
     def close(self) -> None:
         if self.actor is None:

@@ -5,7 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.validate import require
+from pipeline.validate import require, require_choice
+
+CUDA_GRAPHS = ("auto", "on", "off")
+STREAM_PRIORITIES = ("low", "default")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How the evaluator decodes (pipeline/eval/batched.py); built from :class:`EvalConfig`."""
+
+    batch_size: int
+    cuda_graphs: str
+    stream_priority: str
+    gpu_duty: float
+
+    def graphs_on(self, device_type: str) -> bool:
+        """Whether the verify and draft steps run as captured CUDA graphs on ``device_type``."""
+        if self.cuda_graphs == "on" and device_type != "cuda":
+            raise ValueError(f"train.eval.cuda_graphs='on' is not allowed on {device_type}: "
+                             f"expected 'auto' or 'off' (CUDA graphs need a CUDA device)")
+        return self.cuda_graphs == "on" or (self.cuda_graphs == "auto" and device_type == "cuda")
 
 
 @dataclass
@@ -17,6 +37,19 @@ class EvalConfig:
     # The evaluator is an actor of its own (it holds a full target). On CUDA it takes this
     # fraction of a GPU; the cluster preset must leave that much free beside its groups.
     gpus: float = 0.1
+    # Prompts decoded at once (shared cache columns, pipeline/eval/batched.py); 1: one at a
+    # time, the reference path. Families without the fast path go one at a time anyway.
+    batch_size: int = 32
+    # The verify and draft steps as captured CUDA graphs: auto = on CUDA only.
+    cuda_graphs: str = "auto"
+    # On CUDA, the evaluator's kernels go to a stream of this priority ("low": the lowest the
+    # device has, behind any stream of the same process that asks for more).
+    stream_priority: str = "low"
+    # On CUDA, the share of wall time the evaluator keeps its GPU busy: after each decoding
+    # round it waits until its busy time is at most this share (1: never waits). Kernels of
+    # two processes on one GPU take turns, so training loses about half of this share while
+    # an evaluation runs beside it: 0.2 keeps that near the 10% budget (issue 32).
+    gpu_duty: float = 0.2
 
     def __post_init__(self) -> None:
         require(self.every >= -1, "train.eval.every", self.every, ">= -1")
@@ -27,6 +60,16 @@ class EvalConfig:
                 ">= 2 (the first new token is the target's own; tau needs a drafting round)")
         require(0 < self.gpus <= 1, "train.eval.gpus", self.gpus,
                 "in (0, 1]: a fraction of a GPU beside the training actors")
+        require(self.batch_size >= 1, "train.eval.batch_size", self.batch_size,
+                ">= 1 (1: prompt by prompt, the reference path)")
+        require_choice("train.eval.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        require_choice("train.eval.stream_priority", self.stream_priority, STREAM_PRIORITIES)
+        require(0 < self.gpu_duty <= 1, "train.eval.gpu_duty", self.gpu_duty,
+                "in (0, 1]: the share of wall time the evaluator may keep the GPU busy")
+
+    def decode_options(self) -> DecodeOptions:
+        return DecodeOptions(batch_size=self.batch_size, cuda_graphs=self.cuda_graphs,
+                             stream_priority=self.stream_priority, gpu_duty=self.gpu_duty)
 
     @property
     def off(self) -> Optional[str]:

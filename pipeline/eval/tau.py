@@ -11,7 +11,10 @@ from torch import nn
 from pipeline.data import DataError, DataStats, read_conversations
 from pipeline.data.config import DEFAULT_MAX_LINE_BYTES
 from pipeline.data.template import prompt_ids
-from pipeline.eval.speculative import DrafterProposer, acceptance_length, speculative_generate
+from pipeline.eval.batched import RowDrafter, decode_many
+from pipeline.eval.config import DecodeOptions, EvalConfig
+from pipeline.eval.share import Pacer, evaluator_stream
+from pipeline.eval.speculative import DrafterProposer, acceptance_length
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
 
@@ -66,14 +69,20 @@ def load_full_target(path: str, device: str, dtype: torch.dtype) -> nn.Module:
 @torch.no_grad()
 def evaluate_tau(target: nn.Module, drafter: DFlashDrafter, head: TargetHead,
                  prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 eos_token_id: Optional[int]) -> float:
+                 eos_token_id: Optional[int], decode: Optional[DecodeOptions] = None) -> float:
+    """tau of ``drafter`` on ``prompts``; ``decode`` (default: train.eval's defaults) says how
+    many prompts are decoded at once, with CUDA graphs or not, and how much GPU it takes."""
+    decode = decode or EvalConfig().decode_options()
     was_training = drafter.training
     drafter.eval()
     dev = next(drafter.parameters()).device
-    proposer = DrafterProposer(drafter, head.to(dev, next(drafter.parameters()).dtype))
+    proposer = RowDrafter(DrafterProposer(drafter, head.to(dev, next(drafter.parameters()).dtype)))
     try:
-        results = [speculative_generate(target, proposer, p, drafter.spec.target_layer_ids,
-                                        max_new_tokens, eos_token_id) for p in prompts]
+        with evaluator_stream(dev, decode):
+            results = decode_many(target, proposer, prompts, drafter.spec.target_layer_ids,
+                                  max_new_tokens, eos_token_id, decode.batch_size,
+                                  graphs=decode.graphs_on(dev.type),
+                                  pace=Pacer(dev, decode.gpu_duty))
     finally:
         drafter.train(was_training)
     return acceptance_length(results)

@@ -18,7 +18,10 @@ What must follow the target is what the drafter shares with it or reads from it:
   cache: ``crop`` (drop the tail of every layer's keys/values) where each layer's cache is a
   plain key/value list, else ``recompute`` (the target re-reads the accepted text without a
   cache each round: slower, always right) where the cache holds state that cannot be cut
-  back (a linear-attention layer's recurrent state).
+  back (a linear-attention layer's recurrent state);
+- whether the evaluator may decode many prompts at once (pipeline/eval/batched.py: shared
+  cache columns with per-row holes, which needs a cache of plain key/value columns); a family
+  without it is decoded prompt by prompt.
 
 Targets of any other ``model_type`` are refused before anything starts, naming the
 architecture and this list.
@@ -81,23 +84,33 @@ class Family:
     embed_scale: Callable[[Mapping], float] = _no_scale
     # When rope_parameters is keyed by layer type: the entry the drafter uses.
     rope_of_layer_type: Optional[str] = None
+    # Whether the evaluator's many-prompts path serves it (pipeline/eval/batched.py), and
+    # whether its verify step can be captured as a CUDA graph there (MoE routing in
+    # transformers counts tokens per expert on the host: no capture).
+    batched_decode: bool = True
+    graph_verify: bool = True
 
     def __post_init__(self) -> None:
         assert self.rollback in ROLLBACKS, self.rollback
+        # Holes in shared columns need a cache that is nothing but key/value columns.
+        assert not (self.batched_decode and self.rollback != "crop"), self.model_type
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen3", "Qwen3", "crop", "full attention"),
-    Family("qwen3_moe", "Qwen3-MoE", "crop", "full attention, MoE"),
+    Family("qwen3_moe", "Qwen3-MoE", "crop", "full attention, MoE", graph_verify=False),
     Family("llama", "Llama 3.x", "crop", "full attention (llama3 rope scaling)"),
     Family("mistral", "Mistral", "crop", "full or sliding attention"),
     Family("gemma3_text", "Gemma 3 (text)", "crop",
            "sliding (local rope) and full (global rope) attention, scaled embedding",
            embed_scale=_sqrt_hidden, rope_of_layer_type="full_attention"),
-    Family("gpt_oss", "gpt-oss", "crop", "sliding and full attention with sinks, MoE"),
+    Family("gpt_oss", "gpt-oss", "crop", "sliding and full attention with sinks, MoE",
+           graph_verify=False),
     Family("qwen3_5_text", "Qwen3.5 (text)", "recompute",
-           "hybrid: linear attention (gated delta net) and full attention"),
-    Family("deepseek_v3", "DeepSeek-V3", "crop", "MLA, MoE", heads=_mla_heads),
+           "hybrid: linear attention (gated delta net) and full attention",
+           batched_decode=False, graph_verify=False),
+    Family("deepseek_v3", "DeepSeek-V3", "crop", "MLA, MoE", heads=_mla_heads,
+           graph_verify=False),
 )}
 
 # Multimodal wrappers of supported text families: their text tower is supported, but only
@@ -183,3 +196,24 @@ def rollback_of(model_type: Optional[str]) -> str:
     """How the evaluator rolls the target's cache back; targets of no family recompute."""
     family = FAMILIES.get(model_type or "")
     return family.rollback if family else "recompute"
+
+
+def batched_of(model_type: Optional[str]) -> Optional[str]:
+    """None when the evaluator may decode many prompts of this target at once, else why not."""
+    family = FAMILIES.get(model_type or "")
+    if family is None:
+        return f"model_type={model_type!r} is no known family"
+    if not family.batched_decode:
+        return (f"{family.name} keeps state that cannot be cut back to a prefix "
+                f"({family.layers}), so it has no many-prompts path")
+    return None
+
+
+def graph_verify_of(model_type: Optional[str]) -> Optional[str]:
+    """None when the batched evaluator may capture this target's verify step as a CUDA graph,
+    else why not."""
+    family = FAMILIES.get(model_type or "")
+    if family is None or not family.graph_verify:
+        name = family.name if family else repr(model_type)
+        return f"{name}'s layers ({family.layers if family else 'unknown'}) sync with the host"
+    return None

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from pipeline.eval.config import DecodeOptions, EvalConfig
 from pipeline.eval.tau import evaluate_tau, load_full_target
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
@@ -52,15 +53,20 @@ class EvalResult:
 class EvalWorker:
     def __init__(self, *, spec: DrafterSpec, target_path: str, device: str,
                  target_dtype: torch.dtype, prompts: Sequence[Sequence[int]],
-                 max_new_tokens: int, eos_token_id: Optional[int]) -> None:
+                 max_new_tokens: int, eos_token_id: Optional[int],
+                 decode: Optional[DecodeOptions] = None) -> None:
         """``target_dtype`` is what the drafter's own evaluation used: its autocast dtype, or
-        float32 when it trains in fp32. The drafter itself is evaluated in fp32, as trained."""
+        float32 when it trains in fp32. The drafter itself is evaluated in fp32, as trained.
+        ``decode``: how prompts are decoded (train.eval's batch_size, cuda_graphs, ...;
+        default: its defaults)."""
         self.device = actor_device(device)
         self.target_path = target_path
         self.target_dtype = target_dtype
         self.prompts = [list(p) for p in prompts]
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
+        self.decode = decode or EvalConfig().decode_options()
+        self.decode.graphs_on(self.device.type)  # refuse graphs=on without CUDA now, not later
         self.drafter: Optional[DFlashDrafter] = DFlashDrafter(spec).to(self.device)
         self.head = load_target_head(target_path)
         self._target: Optional[torch.nn.Module] = None
@@ -91,7 +97,7 @@ class EvalWorker:
         self.drafter.load_state_dict(weights)
         del weights  # the copy the object store handed us; the drafter holds its own now
         return evaluate_tau(self._target, self.drafter, self.head, self.prompts,
-                            self.max_new_tokens, self.eos_token_id)
+                            self.max_new_tokens, self.eos_token_id, self.decode)
 
     def holds_target(self) -> bool:
         return self._target is not None
