@@ -6,6 +6,8 @@ Ray pipeline follows, so it is the reference the pipeline must match.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import time
@@ -57,8 +59,10 @@ class SingleProcessTrainer:
         if self._full_target is None:
             self._full_target = load_full_target(self.r.target_path, self.r.device,
                                                  self.r.target_dtype)
+        # Nothing trains beside this evaluation (it runs between steps): the GPU is its own.
+        decode = dataclasses.replace(cfg.decode_options(), gpu_duty=1.0)
         tau = evaluate_tau(self._full_target, self.drafter.model, self.drafter.head, self.prompts,
-                           cfg.max_new_tokens, self.r.eos_token_id)
+                           cfg.max_new_tokens, self.r.eos_token_id, decode)
         log.info("tau %.3f on %d held-out prompts", tau, len(self.prompts))
         return tau
 
