@@ -28,12 +28,12 @@ import argparse
 import json
 import logging
 import random
-import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from bench.decode_common import RANDOM_8B, humaneval_prompts, random_qwen3, timed
 from pipeline.eval.batched import RowDrafter, decode_many
 from pipeline.eval.speculative import DrafterProposer, acceptance_length
 from pipeline.model.config import DrafterConfig, DrafterSpec, build_drafter_spec
@@ -41,7 +41,6 @@ from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import TargetHead
 
 log = logging.getLogger("bench.decode_eval")
-RANDOM_8B = "qwen3_8b_random"
 _8B_DRAFTER = DrafterConfig(num_layers=5, block_size=16, target_layer_ids=[1, 9, 17, 25, 33],
                             mask_token_id=151669)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -49,18 +48,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 def _target(name: str, device: str, dtype: torch.dtype):
     """(target model, its config dict, its head, its folder or None)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if name == RANDOM_8B:
-        from pipeline.model.config import qwen3_8b_config
-
-        config = AutoConfig.for_model(**qwen3_8b_config())
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        model = model.eval().requires_grad_(False)
+        model = random_qwen3(device, dtype)
         head = TargetHead(model.get_input_embeddings().weight, model.lm_head.weight)
-        return model, config.to_dict(), head, None
+        return model, model.config.to_dict(), head, None
     if name.startswith("builtin:tiny-"):
         from pipeline.assets.family_targets import ensure_family_target
 
@@ -93,6 +86,13 @@ def _drafter(source: str, target_name: str, config: dict, layers: int, block_siz
 
 
 def _prompts(args, config: dict, folder: Optional[str]) -> list[list[int]]:
+    if args.humaneval:
+        from transformers import AutoTokenizer
+
+        if folder is None:
+            raise SystemExit(f"--humaneval needs a target folder with a tokenizer, not {args.target}")
+        return humaneval_prompts(AutoTokenizer.from_pretrained(folder), args.humaneval,
+                                 args.prompts)
     if args.data:
         from transformers import AutoTokenizer
 
@@ -108,16 +108,6 @@ def _prompts(args, config: dict, folder: Optional[str]) -> list[list[int]]:
             for _ in range(args.prompts)]
 
 
-def _timed(fn):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
-
-
 def run(args) -> dict:
     dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
     target, config, head, folder = _target(args.target, args.device, dtype)
@@ -130,11 +120,12 @@ def run(args) -> dict:
     taps, eos = drafter.spec.target_layer_ids, None
     graphs = {"on": True, "off": False, "auto": args.device == "cuda"}[args.graphs]
     with torch.no_grad():
-        base, base_s = _timed(lambda: decode_many(target, proposer, prompts[:k], taps,
-                                                  args.max_new_tokens, eos, batch_size=1))
-        fast, fast_s = _timed(lambda: decode_many(target, proposer, prompts, taps,
-                                                  args.max_new_tokens, eos, args.batch_size,
-                                                  graphs=graphs))
+        base, base_s = timed(lambda: decode_many(target, proposer, prompts[:k], taps,
+                                                 args.max_new_tokens, eos, batch_size=1),
+                              args.device)
+        fast, fast_s = timed(lambda: decode_many(target, proposer, prompts, taps,
+                                                 args.max_new_tokens, eos, args.batch_size,
+                                                 graphs=graphs), args.device)
     agree = sum(a.tokens == b.tokens for a, b in zip(base, fast[:k]))
     tau_base, tau_fast_k = acceptance_length(base), acceptance_length(fast[:k])
     return {
@@ -161,6 +152,8 @@ def main(argv=None) -> dict:
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--data", default=None, help="conversations file for real prompts")
+    p.add_argument("--humaneval", default=None,
+                   help="HumanEval.jsonl.gz: its prompts as a user turn (folder targets)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--graphs", choices=("auto", "on", "off"), default="auto")

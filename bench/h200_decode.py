@@ -35,7 +35,7 @@ H200 = {
     "q8b_static": ("bench.decode_static", "--model qwen3_8b_random --prompts 256 "
                    "--max-new-tokens 256 --batch 256 --runs static,hf"),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
-                  "--baseline-prompts 8 --batch-size 64"),
+                  "--baseline-prompts 8 --batch-size 64 --humaneval {humaneval}"),
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
                  "--max-new-tokens 256 --baseline-prompts 4 --batch-size 64"),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
@@ -50,10 +50,10 @@ TINY = {
                 "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}"),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 4 --max-new-tokens 8 "
                   "--baseline-prompts 2 --batch-size 4 --device cpu --dtype float32 "
-                  "--graphs off --block-size 4"),
+                  "--graphs off --block-size 4 --humaneval {humaneval}"),
     "cpu_eval_equal": H200["cpu_eval_equal"],
 }
-TIMEOUT_S = 420
+TIMEOUT_S = 300  # per run: one stuck run must leave the others their time
 
 
 def run_one(name: str, module: str, args: str, logs: Path) -> dict:
@@ -148,11 +148,15 @@ def main(argv=None) -> dict:
     folder, humaneval = prepare_target(args, logs)
     plan = TINY if args.scale == "tiny" else H200
     wanted = args.only.split(",") if args.only else list(plan)
-    runs = {name: run_one(name, module, line.format(folder=folder, humaneval=humaneval), logs)
-            for name, (module, line) in plan.items() if name in wanted}
-    result = {"scale": args.scale, "target_folder": folder, **gather(runs),
-              "total_wall_s": round(time.perf_counter() - t0, 1), "runs": runs}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    runs = {}
+    for name, (module, line) in plan.items():
+        if name not in wanted:
+            continue
+        runs[name] = run_one(name, module, line.format(folder=folder, humaneval=humaneval), logs)
+        # Written after every run: a call cut short still leaves the figures it made.
+        result = {"scale": args.scale, "target_folder": folder, **gather(runs),
+                  "total_wall_s": round(time.perf_counter() - t0, 1), "runs": runs}
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
     failed = [name for name, r in runs.items() if "error" in r]
     if failed:

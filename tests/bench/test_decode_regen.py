@@ -4,7 +4,8 @@ import json
 
 import torch
 
-from bench.decode_regen import compare, main
+from bench.decode_common import compare
+from bench.decode_regen import main
 
 
 def test_tiny_run_reports_both_engines_with_identical_answers(tmp_path):
@@ -28,5 +29,5 @@ def test_tiny_run_reports_both_engines_with_identical_answers(tmp_path):
 def test_compare_names_the_first_differing_position():
     got = compare([[1, 2, 3], [4, 5], [6]], [[1, 2, 3], [4, 9], [6, 7]])
     assert got["identical_share"] == 1 / 3
-    assert [(m["prompt"], m["first_diff_position"]) for m in got["first_mismatches"]] == [
-        (1, 1), (2, 1)]
+    assert [(m["prompt"], m["position"], m["reference_len"], m["len"])
+            for m in got["first_mismatches"]] == [(1, 1, 2, 2), (2, 1, 1, 2)]

@@ -22,5 +22,5 @@ def test_bench_runs_and_matches_generate(tmp_path):
     assert json.loads(out.read_text()) == result
     runs = result["runs"]
     assert runs["static"]["generated_tokens"] == runs["hf"]["generated_tokens"] == 6 * 5
-    assert runs["static"]["identical_to_hf"] == 1.0 and runs["static"]["first_mismatches"] == []
+    assert runs["static"]["identical_share"] == 1.0 and runs["static"]["first_mismatches"] == []
     assert result["prompt_tokens"]["min"] >= 2 and result["prompt_tokens"]["max"] <= 9
