@@ -87,6 +87,10 @@ def prompts(scale: RealScale, w: Work, result: dict) -> dict:
                           ("explain", "heldout_explain", scale.heldout_prompts)):
         lines = w.path("prompts", f"{file}.jsonl").read_text().splitlines()
         picked[name] = lines[:n] if name == "humaneval" else rng.sample(lines, min(n, len(lines)))
+    empty = [name for name in SETS if not picked[name]]
+    if empty:  # a set without prompts would give no figure: say which and why, now
+        raise RuntimeError(f"no {' or '.join(empty)} prompts to sample ({stats['prompts']} "
+                           f"prompts in all): raise max_corpus_chars or heldout_fraction")
     regen_input = w.data("regen_input")
     regen_input.parent.mkdir(parents=True, exist_ok=True)
     with open(regen_input, "w") as f:

@@ -46,7 +46,7 @@ def test_the_cli_refuses_a_config_mistake_in_one_line(tmp_path, module, override
     (["train.optim.betas=[a,b]"], r"^train.optim.betas=\[a,b\]: expected a list of float$"),
     (["train.plan=5"], r"^train.plan=5: train.plan is a section: set its keys one by one"),
     (["cluster=nope"], r"^cluster=nope: .*available: local, node8, one_gpu$"),
-    (["train=nope"], r"^train=nope: .*available: demo, qwen3_8b$"),
+    (["train=nope"], r"^train=nope: .*available: demo, qwen3_8b, smollm2_135m$"),
     (["hydra/job_logging=nope"], r"^hydra/job_logging=nope: .*available: default, disabled"),
     (["hydra.run.dirr=x"], r"^hydra.run.dirr is not a config key; did you mean hydra.run.dir\?"),
     (["+train.seed=3"], r"^\+train.seed=3: train.seed is a config key already: set it without"),

@@ -23,6 +23,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from pipeline.model.cache_keyword import cache_keyword
+
 Masks = Union[torch.Tensor, dict[str, torch.Tensor]]
 
 
@@ -46,6 +48,7 @@ class HoleCache:
     def __init__(self, target: nn.Module, rows: int, device: torch.device,
                  capacity: Optional[int] = None) -> None:
         self.target = target
+        self.cache_keyword = cache_keyword(target)
         self.capacity = capacity
         self.cache = _new_cache(target, capacity)
         self.by_type, self.window = _sliding(target.config)
@@ -95,7 +98,7 @@ class HoleCache:
 
     def _eager(self, ids: torch.Tensor, q_pos: torch.Tensor, masks: Masks,
                logits_to_keep: int = 0):
-        return self.target(ids, past_key_values=self.cache, use_cache=True,
+        return self.target(ids, **{self.cache_keyword: self.cache}, use_cache=True,
                            output_hidden_states=True, position_ids=q_pos, attention_mask=masks,
                            logits_to_keep=logits_to_keep)
 

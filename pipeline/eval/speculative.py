@@ -12,13 +12,13 @@ prefix (Qwen3.5's linear attention), by re-reading the accepted text without a c
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 import torch
 from torch import nn
 
+from pipeline.model.cache_keyword import cache_keyword
 from pipeline.model.drafter import DFlashDrafter, embed_tokens
 from pipeline.model.families import rollback_of
 from pipeline.model.target import TargetHead
@@ -82,9 +82,7 @@ class _CroppedCache:
 
         self.target = target
         self.cache = DynamicCache()
-        # transformers 5.2x renamed forward's past_key_values to cache (the old name warns).
-        names = inspect.signature(target.forward).parameters
-        self.cache_keyword = "cache" if "cache" in names else "past_key_values"
+        self.cache_keyword = cache_keyword(target)
 
     def run(self, ids: torch.Tensor, start: int):
         """Outputs for ``ids`` (the tokens from position ``start`` on; earlier ones cached)."""

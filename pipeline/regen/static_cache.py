@@ -10,7 +10,6 @@ the padded tail it leaves is masked until decode steps overwrite it.
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 from transformers.cache_utils import Cache
@@ -34,11 +33,6 @@ def check_supported(model) -> None:
                          f"{getattr(cfg, 'sliding_window', None)}) is not supported")
 
 
-def cache_keyword(body) -> str:
-    """The name the model's forward takes its cache by: transformers 5.24 renamed
-    ``past_key_values`` to ``cache`` (the old name is still accepted, with a warning)."""
-    params = inspect.signature(body.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 class RowCache(Cache):

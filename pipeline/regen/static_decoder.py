@@ -25,7 +25,8 @@ from typing import Sequence
 import torch
 
 from pipeline.regen.static_attention import swapped
-from pipeline.regen.static_cache import RowCache, cache_keyword, check_supported
+from pipeline.model.cache_keyword import cache_keyword
+from pipeline.regen.static_cache import RowCache, check_supported
 
 log = logging.getLogger(__name__)
 

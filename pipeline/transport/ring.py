@@ -69,8 +69,9 @@ class SlotRing:
         The memory goes away once every process that opened it has closed it as well (CPU: the
         /dev/shm segment is unlinked; CUDA: the block is freed once consumers released it).
         Actors killed with SIGKILL (``ray.kill``) never get here, and Ray then also kills torch's
-        shm manager, so their CPU segments stay in /dev/shm: close rings before killing. In
-        a Ray actor, closing its last CPU ring also removes the folder of that manager.
+        shm manager, so their CPU segments stay in /dev/shm: close rings before killing, then
+        call ``release_manager_folder`` (pipeline/transport/shared.py), as the workers'
+        ``close`` does, so that the manager's socket folder goes too.
         """
         if self._buffer is not None:
             self._buffer = None

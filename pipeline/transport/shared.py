@@ -26,9 +26,11 @@ folder of its own (``/tmp/torch-shm-dir-*``), which it removes when it exits onc
 is gone. Ray kills an actor's children with SIGKILL when the actor exits, so the manager of a
 Ray actor never gets there and its folder stays behind, one per actor and run. A ring owner in
 a Ray actor therefore removes its own manager's folder (the ``torch_shm_manager`` child of this
-process listening on the handle, never one a forked parent started or another process's) when
-it closes its last exported buffer: nothing opens it after that, and the connected clients
-keep working. Outside an actor the manager is left to clean up after itself (removing its
+process listening on the handle, never one a forked parent started or another process's) at
+the end of its life (``release_manager_folder``, from the workers' ``close``), once every
+buffer it exported is closed: nothing opens it after that, and the connected clients keep
+working. Not on closing a ring: a process that later shares a new one goes on through the same
+manager, whose socket must still be there. Outside an actor the manager is left to clean up after itself (removing its
 folder under it would make it fail at exit).
 """
 
@@ -144,17 +146,19 @@ def _rebuild_cpu(manager: bytes, name: bytes, nbytes: int, dtype: torch.dtype,
 
 
 def close_export(payload: BufferPayload) -> None:
-    """Note that the owner dropped a buffer ``export_buffer`` gave ``payload`` for.
-
-    On CPU in a Ray actor, closing the last one removes this process's manager folder (see the
-    module's docstring); elsewhere this only counts.
-    """
+    """Note that the owner dropped a buffer ``export_buffer`` gave ``payload`` for."""
     global _open_exports
-    if payload.device_kind != "cpu":
-        return
-    _open_exports = max(0, _open_exports - 1)
+    if payload.device_kind == "cpu":
+        _open_exports = max(0, _open_exports - 1)
+
+
+def release_manager_folder() -> Optional[str]:
+    """At the end of a Ray actor that shared CPU buffers: remove its manager's folder once
+    every buffer it exported is closed (see the module's docstring); the folder removed, or
+    None (buffers still open, not in an actor, or no manager of its own)."""
     if _open_exports == 0 and _in_ray_actor():
-        remove_own_manager_folder()
+        return remove_own_manager_folder()
+    return None
 
 
 def remove_own_manager_folder() -> Optional[str]:

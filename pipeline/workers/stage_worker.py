@@ -28,6 +28,7 @@ import torch
 from pipeline.model.stages import load_target_stage
 from pipeline.transport.messages import ProduceMeta, RingHandle, SlotReady
 from pipeline.transport.ring import RingReader, SlotRing
+from pipeline.transport.shared import release_manager_folder
 from pipeline.transport.writer import SlotWriter
 from pipeline.workers.common import actor_device, on_main_thread
 from pipeline.workers.messages import MicroBatch
@@ -126,3 +127,4 @@ class TargetStageWorker:
         for part in (self.reader, self.taps, self.act_ring, self.ring):
             if part is not None:
                 part.close()
+        release_manager_folder()  # the actor's last act: Ray kills its shm manager with it

@@ -11,6 +11,7 @@ import torch
 from pipeline.model.target import load_target
 from pipeline.transport.messages import ProduceMeta, RingHandle, SlotReady
 from pipeline.transport.ring import SlotRing
+from pipeline.transport.shared import release_manager_folder
 from pipeline.workers.common import actor_device, on_main_thread
 from pipeline.workers.messages import MicroBatch
 
@@ -42,3 +43,4 @@ class TargetWorker:
     def close(self) -> None:
         """Free the ring's shared memory; call after every drafter closed its reader."""
         self.ring.close()
+        release_manager_folder()  # the actor's last act: Ray kills its shm manager with it

@@ -15,29 +15,7 @@ from pathlib import Path
 from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.runlock import LOCK_NAME
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _wait_for(found, proc, what, timeout_s=300):
-    deadline = time.monotonic() + timeout_s
-    while not found():
-        assert proc.poll() is None, f"the first job exited early ({proc.returncode})"
-        assert time.monotonic() < deadline, f"{what} never appeared"
-        time.sleep(0.1)
-
-
-def _group_left(pgid):
-    """Processes still in the process group ``pgid`` (the first job's Ray included)."""
-    left = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-        except (OSError, ValueError):
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[2] == str(pgid) and fields[0] != "Z":
-            left.append(int(entry.name))
-    return left
+from tests.driver.cli_run import ROOT, group_left, wait_for
 
 
 def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, small_train_file,
@@ -53,7 +31,7 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait_for((out / LOCK_NAME).exists, first, "the first job's lock")
+        wait_for((out / LOCK_NAME).exists, first, "the first job's lock")
         second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                                 timeout=300)
         text = second.stdout + second.stderr
@@ -64,14 +42,14 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
         assert "Traceback" not in text and "Started a local Ray" not in text
         assert json.loads((out / LOCK_NAME).read_text())["pid"] == first.pid
 
-        _wait_for(lambda: list(ckpt.checkpoint_root(out).glob("step_*")), first,
+        wait_for(lambda: list(ckpt.checkpoint_root(out).glob("step_*")), first,
                   "a checkpoint")
         os.kill(first.pid, signal.SIGINT)
         stdout, stderr = first.communicate(timeout=300)
         deadline = time.monotonic() + 60  # Ray's processes go with the driver
-        while _group_left(first.pid) and time.monotonic() < deadline:
+        while group_left(first.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not _group_left(first.pid), "Ray or actor processes outlived the driver"
+        assert not group_left(first.pid), "Ray or actor processes outlived the driver"
     finally:
         try:
             os.killpg(first.pid, signal.SIGKILL)

@@ -10,7 +10,8 @@ import pytest
 import ray
 import torch
 
-from pipeline.transport.shared import BufferPayload, export_buffer, open_buffer
+from pipeline.transport.shared import (BufferPayload, export_buffer, open_buffer,
+                                       release_manager_folder)
 
 NUMEL = 1 << 20  # 4 MiB of float32: far larger than any payload may be
 
@@ -110,21 +111,33 @@ class RingOwner:
     def payload(self) -> BufferPayload:
         return self.ring.handle().payload
 
-    def close(self) -> None:
+    def close(self) -> None:  # as TargetWorker.close
         self.ring.close()
+        release_manager_folder()
+
+    def reopen(self) -> BufferPayload:
+        """A new ring after the first one closed, as the scheduler tests' fake target does."""
+        from pipeline.transport.ring import SlotRing
+
+        self.ring.close()
+        self.ring = SlotRing(0, 2, 8, torch.float32, "cpu")
+        return self.payload()
 
 
 def test_a_ray_ring_owner_leaves_no_shm_manager_folder(ray_session):
     """Ray kills an actor's torch_shm_manager with it, before the manager can remove its
-    /tmp/torch-shm-dir-* folder: the owner removes it on closing its ring, and a reader that
-    opened the ring before keeps its mapping."""
+    /tmp/torch-shm-dir-* folder: the owner removes it at its close, and a reader that
+    opened the ring before keeps its mapping. Closing one ring and sharing the next keeps the
+    folder: the new ring goes through the same manager."""
     owner = ray.remote(RingOwner).remote()
     reader = ray.remote(BufferUser).remote("cpu")
     try:
         payload = ray.get(owner.payload.remote())
         folder = os.path.dirname(payload.args[0].decode())  # the manager's socket's folder
         assert os.path.basename(folder).startswith("torch-shm-dir-") and os.path.isdir(folder)
-        ray.get(reader.open.remote(payload))
+        again = ray.get(owner.reopen.remote())
+        assert os.path.isdir(folder)
+        ray.get(reader.open.remote(again))  # through the same manager's socket
         ray.get(owner.close.remote())
         assert not os.path.exists(folder)
         ray.get(reader.fill.remote(2.5))  # the reader's mapping outlives the folder
