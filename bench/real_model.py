@@ -90,12 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="empty --work first")
     p.add_argument("--gguf", help="the target's GGUF file (default: the scale's)")
     p.add_argument("--humaneval", help="HumanEval.jsonl(.gz) (default: the scale's)")
+    p.add_argument("--prompts", help="a folder written by python -m bench.real_model_prompts "
+                   "(on another machine, say) used instead of walking this one's packages")
     for flag in ("train-prompts", "heldout-prompts", "humaneval-prompts", "max-new-tokens",
                  "max-steps", "eval-prompts"):
         p.add_argument(f"--{flag}", type=int, help="override the scale's size")
     args = p.parse_args(argv)
     scale = SCALES[args.scale].with_sizes(
-        gguf=args.gguf, humaneval=args.humaneval, train_prompts=args.train_prompts, heldout_prompts=args.heldout_prompts,
+        gguf=args.gguf, humaneval=args.humaneval, prompts_dir=args.prompts,
+        train_prompts=args.train_prompts, heldout_prompts=args.heldout_prompts,
         humaneval_prompts=args.humaneval_prompts, max_new_tokens=args.max_new_tokens,
         max_steps=args.max_steps, eval_prompts=args.eval_prompts)
     if scale.device == "cuda" and not torch.cuda.is_available():

@@ -30,9 +30,10 @@ class RealScale:
     seed: int = 0
     # Prompts (bench/real_model_prompts.py).
     packages: bool = True  # every installed package, not only the standard library
+    prompts_dir: Optional[str] = None  # prompt files built elsewhere (bench.real_model_prompts)
     heldout_fraction: float = 0.05  # of source modules, by a hash of the module's name
     max_corpus_chars: int = 40_000_000  # a hash-ordered spread over every package (0: all)
-    train_prompts: int = 6144
+    train_prompts: int = 24576
     heldout_prompts: int = 64  # held-out modules' explain prompts (the second held-out set)
     humaneval_prompts: int = 164
     # Regeneration.
@@ -46,7 +47,7 @@ class RealScale:
     num_anchors: int = 256
     micro_batch_size: int = 32
     epochs: int = 4
-    max_steps: int = 800
+    max_steps: int = 768  # one epoch of the training prompts at micro-batch 32
     lr: float = 1.5e-3
     max_length: int = 768
     eval_every: int = 400
@@ -57,9 +58,9 @@ class RealScale:
     cluster_device: str = "cuda"
     cpus_per_actor: float = 4.0
     # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
-    regen_budget_s: float = 150.0
-    train_budget_s: float = 300.0
-    curve_budget_s: float = 60.0  # each --curve run: the reference trainer alone
+    regen_budget_s: float = 200.0
+    train_budget_s: float = 360.0
+    curve_budget_s: float = 240.0  # each --curve run (the three share the device)
 
     def with_sizes(self, **sizes) -> "RealScale":
         """This scale with the flags given (None: unchanged)."""

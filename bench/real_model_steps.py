@@ -77,9 +77,14 @@ def convert(scale: RealScale, w: Work, result: dict) -> dict:
 def prompts(scale: RealScale, w: Work, result: dict) -> dict:
     """All prompts of the machine's APIs, then seeded samples of the sizes asked, written
     as one regenerate input: training, HumanEval, held-out explain prompts in that order."""
-    stats = write_prompt_files(w.path("prompts"), scale.heldout_fraction, packages=scale.packages,
-                               humaneval=scale.humaneval, seed=scale.seed,
-                               max_corpus_chars=scale.max_corpus_chars)
+    if scale.prompts_dir:  # built on another machine (its installed packages), copied as is
+        shutil.copytree(scale.prompts_dir, w.path("prompts"), dirs_exist_ok=True)
+        stats = json.loads(w.path("prompts", "prompts_stats.json").read_text())
+        stats["built_elsewhere"] = str(scale.prompts_dir)
+    else:
+        stats = write_prompt_files(w.path("prompts"), scale.heldout_fraction,
+                                   packages=scale.packages, humaneval=scale.humaneval,
+                                   seed=scale.seed, max_corpus_chars=scale.max_corpus_chars)
     rng = random.Random(scale.seed)
     picked = {}
     for name, file, n in (("train", "train", scale.train_prompts),
@@ -234,19 +239,31 @@ def curve_sizes(total: int) -> list[int]:
 
 
 def curve(scale: RealScale, w: Work, result: dict) -> dict:
-    """The reference trainer on N/16, N/6.3, N/2.5 training samples, each alone on the device,
-    and the drafters stage's reference run as the point N (it shared the device)."""
+    """The reference trainer on N/16, N/6.3, N/2.5 training samples, the three at once on the
+    device, each for the drafters stage's steps (smaller sets see more epochs), and the drafters
+    stage's reference run as the point N (it shared the device with the pipeline's run).
+
+    A point's GPU minutes are its share of the device while it trained (wall / runs sharing
+    it) plus its share of the regeneration (n / N of the data stage's minutes)."""
     lines = w.data("train").read_text().splitlines()
-    rows = []
-    for n in curve_sizes(len(lines))[:-1]:
+    regen_minutes = result.get("gpu_minutes", {}).get("data", 0.0)
+    sizes = curve_sizes(len(lines))[:-1]
+    jobs = {}
+    for n in sizes:
         subset = w.data(f"train_{n}")
         subset.write_text("\n".join(lines[:n]) + "\n")
-        job = _trainer(f"curve_{n}", "pipeline.train_single", scale, w, subset,
-                       budget_s=scale.curve_budget_s)
+        jobs[n] = _trainer(f"curve_{n}", "pipeline.train_single", scale, w, subset,
+                           budget_s=scale.curve_budget_s)
+    rows = []
+    for n, job in jobs.items():
         done = proc.wait(job)
         tau = read_single(w.run_dir(f"curve_{n}"), done.log_path).final_tau
-        rows.append({"samples": n, "gpu_minutes": round(done.wall_s / 60, 2), "tau": tau})
-    rows.append({"samples": len(lines), "gpu_minutes": round(result["reference_wall_s"] / 60, 2),
-                 "tau": result["tau_humaneval_reference"], "shared_device": True})
+        rows.append({"samples": n, "tau": tau, "wall_minutes": round(done.wall_s / 60, 2),
+                     "sharing_device": len(jobs),
+                     "gpu_minutes": round(done.wall_s / 60 / len(jobs)
+                                          + regen_minutes * n / len(lines), 2)})
+    rows.append({"samples": len(lines), "tau": result["tau_humaneval_reference"],
+                 "wall_minutes": round(result["reference_wall_s"] / 60, 2), "sharing_device": 2,
+                 "gpu_minutes": round(result["reference_wall_s"] / 60 / 2 + regen_minutes, 2)})
     log.info("data curve: %s", rows)
-    return {"data_curve": rows}
+    return {"data_curve": rows, "data_curve_steps": scale.max_steps}

@@ -62,3 +62,23 @@ def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
     prompts = tmp_path / "work" / "prompts"
     line = json.loads((prompts / "train.jsonl").read_text().splitlines()[0])
     assert [m["role"] for m in line["messages"]] == ["user"]
+
+
+def test_prompts_built_elsewhere_are_used_as_they_are(tmp_path):
+    from bench.real_model_scale import TINY
+    from bench.real_model_steps import Work, prompts
+
+    built = tmp_path / "built"
+    built.mkdir()
+    line = lambda text: json.dumps({"messages": [{"role": "user", "content": text}]})  # noqa: E731
+    for name, n in (("train", 5), ("humaneval", 3), ("heldout_explain", 2)):
+        (built / f"{name}.jsonl").write_text("".join(line(f"{name} {i}") + "\n" for i in range(n)))
+    (built / "prompts_stats.json").write_text(json.dumps({"prompts": 7}))
+    scale = TINY.with_sizes(prompts_dir=str(built), train_prompts=4, humaneval_prompts=2,
+                            heldout_prompts=9)
+    got = prompts(scale, Work(tmp_path / "work"), {})
+    assert got["prompt_counts"] == {"train": 4, "humaneval": 2, "explain": 2}
+    assert got["prompts"]["built_elsewhere"] == str(built)
+    rows = (tmp_path / "work" / "data" / "regen_input.jsonl").read_text().splitlines()
+    assert [json.loads(r)["messages"][0]["content"].split()[0] for r in rows] == \
+        ["train"] * 4 + ["humaneval"] * 2 + ["heldout_explain"] * 2
