@@ -171,5 +171,8 @@ def embed_tokens(embed_weight: torch.Tensor, token_ids: torch.Tensor,
     there."""
     out = F.embedding(token_ids, embed_weight)
     if scale != 1.0:
-        out = out * torch.tensor(scale, dtype=embed_weight.dtype, device=out.device)
+        # The scale rounded to the weight's dtype as the target holds it, passed as a Python
+        # number: a tensor made here would be a host-to-device copy, which a CUDA graph of the
+        # evaluator's draft step cannot capture.
+        out = out * torch.tensor(scale, dtype=embed_weight.dtype).item()
     return out if dtype is None else out.to(dtype)

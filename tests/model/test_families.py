@@ -74,6 +74,10 @@ def test_taps_and_embedding_are_the_targets(family_target, model_type):
     torch.testing.assert_close(head.lm_head, target.get_output_embeddings().weight)
     # Gemma scales its embedding: a drafter fed unscaled rows would train on other inputs.
     assert (head.embed_scale != 1.0) == (model_type == "gemma3_text")
+    # In bf16 too, bit for bit: the scale rounds to the weight's dtype as the target's does.
+    module = target.get_input_embeddings().to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(embed_tokens(module.weight, ids, scale=head.embed_scale), module(ids))
 
 
 class ExportedProposer:
