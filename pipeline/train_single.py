@@ -48,12 +48,16 @@ def _refuse_checkpoints(out_dir: str) -> None:
 
 
 def _train(trainer: SingleProcessTrainer) -> None:
-    tau_before = trainer.evaluate_tau()
+    off = trainer.tau_off
+    if off:
+        log.info("tau is not evaluated (%s)", off)
+    tau_before = None if off else trainer.evaluate_tau()
     history = trainer.train()
-    tau_after = trainer.evaluate_tau()
-    log.info("done: %d steps, loss %.4f -> %.4f, accuracy %.3f -> %.3f, tau %.3f -> %.3f",
+    tau_after = None if off else trainer.evaluate_tau()
+    shown = ["off" if t is None else f"{t:.3f}" for t in (tau_before, tau_after)]
+    log.info("done: %d steps, loss %.4f -> %.4f, accuracy %.3f -> %.3f, tau %s -> %s",
              len(history), history[0]["train/loss"], history[-1]["train/loss"],
-             history[0]["train/accuracy"], history[-1]["train/accuracy"], tau_before, tau_after)
+             history[0]["train/accuracy"], history[-1]["train/accuracy"], *shown)
 
 
 if __name__ == "__main__":

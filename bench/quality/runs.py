@@ -79,17 +79,20 @@ def read_pipeline(out_dir: Path) -> Curves:
 
 def read_single(out_dir: Path, log_path: Path) -> Curves:
     curves = Curves()
+    points = []  # (step, tau): between steps from metrics.jsonl, before and after from the log
     for row in _rows(out_dir / "metrics.jsonl"):
-        if "train/loss" in row:
+        if "eval/tau" in row:
+            points.append((int(row["step"]), float(row["eval/tau"])))
+        elif "train/loss" in row:
             _add_train_row(curves, row)
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
     match = _SINGLE_DONE.search(text)
     if match:
         steps, before, after = int(match.group(1)), _num(match.group(2)), _num(match.group(3))
-        for step, tau in ((0, before), (steps, after)):
-            if tau is not None:
-                curves.tau_steps.append(step)
-                curves.tau.append(tau)
+        points += [(step, tau) for step, tau in ((0, before), (steps, after)) if tau is not None]
+    for step, tau in sorted(points):
+        curves.tau_steps.append(step)
+        curves.tau.append(tau)
     return curves
 
 

@@ -35,8 +35,10 @@ class SingleProcessTrainer:
     def __init__(self, job: JobConfig, resolved: ResolvedJob | None = None) -> None:
         self.job = job
         self.r = r = resolved or resolve_job(job)
-        # Read, checked and encoded before any model loads; tau runs before and after training.
-        data = load_job_data(job, r, heldout=True)
+        # Read, checked and encoded before any model loads. tau runs as the pipeline's does:
+        # before and after training, every train.eval.every steps between, never when off.
+        self.tau_off = job.train.eval.off
+        data = load_job_data(job, r, heldout=self.tau_off is None)
         self.dataset, self.prompts = data.train, data.heldout
         self.plans = plan_for(job, self.dataset)
         k = job.target.stages
@@ -66,6 +68,12 @@ class SingleProcessTrainer:
         log.info("tau %.3f on %d held-out prompts", tau, len(self.prompts))
         return tau
 
+    def tau_due(self, steps_done: int) -> bool:
+        """tau between steps: every train.eval.every steps, the last step left to the caller."""
+        every = self.job.train.eval.every
+        return (self.tau_off is None and every > 0 and steps_done % every == 0
+                and steps_done < len(self.plans))
+
     def features(self, batch: Batch) -> torch.Tensor:
         dev = self.r.device
         return self.target(batch.input_ids.to(dev))
@@ -93,6 +101,10 @@ class SingleProcessTrainer:
                        **metrics_dict(totals)}
                 history.append(row)
                 sink.write(json.dumps(row) + "\n")
+                if self.tau_due(step + 1):  # a row of its own, as the pipeline writes it
+                    sink.write(json.dumps({"step": step + 1,
+                                           "eval/tau": self.evaluate_tau()}) + "\n")
+                    sink.flush()
                 if (step + 1) % self.job.train.log_every == 0 or step + 1 == len(self.plans):
                     log.info("step %d/%d loss %.4f acc %.3f lr %.2e", step + 1,
                              len(self.plans), row["train/loss"], row["train/accuracy"], lr)

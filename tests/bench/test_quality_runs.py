@@ -46,6 +46,18 @@ def test_reference_curves_take_tau_from_its_closing_log_line(tmp_path: Path):
     assert curves.steps == [1, 2] and curves.tau_steps == [0, 2] and curves.tau == [1.02, 3.14]
 
 
+def test_reference_curves_merge_tau_between_steps_with_the_closing_line(tmp_path: Path):
+    rows = [{"step": s, "epoch": 0, "lr": 1e-3, **metrics_dict(_totals(s))} for s in (1, 2, 3)]
+    rows.insert(2, {"step": 2, "eval/tau": 1.5})  # as the reference trainer writes it
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = tmp_path / "reference.log"
+    log.write_text("[x][__main__][INFO] - done: 3 steps, loss 2.0000 -> 1.0000, accuracy "
+                   "0.100 -> 0.200, tau 1.020 -> 3.140\n")
+    curves = read_single(tmp_path, log)
+    assert curves.steps == [1, 2, 3] and curves.tau_steps == [0, 2, 3]
+    assert curves.tau == [1.02, 1.5, 3.14] and curves.final_tau == 3.14
+
+
 def test_a_run_stopped_midway_reads_what_it_wrote(tmp_path: Path):
     row = {"step": 1, **metrics_dict(_totals(1))}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n" + '{"step": 2, "trai')
