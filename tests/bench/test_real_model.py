@@ -82,3 +82,13 @@ def test_prompts_built_elsewhere_are_used_as_they_are(tmp_path):
     rows = (tmp_path / "work" / "data" / "regen_input.jsonl").read_text().splitlines()
     assert [json.loads(r)["messages"][0]["content"].split()[0] for r in rows] == \
         ["train"] * 4 + ["humaneval"] * 2 + ["heldout_explain"] * 2
+
+
+def test_the_plot_takes_the_curve_rows_with_a_tau_in_samples_order():
+    from bench.plot_real_model import curve_points
+
+    result = {"data_curve": [{"samples": 40, "gpu_minutes": 2.0, "tau": 2.1},
+                             {"samples": 10, "gpu_minutes": 0.5, "tau": 1.4},
+                             {"samples": 20, "gpu_minutes": 1.0, "tau": None}]}
+    assert curve_points(result) == [(10, 0.5, 1.4), (40, 2.0, 2.1)]
+    assert curve_points({}) == []
