@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU tier on one machine, in three pytest processes at once, each log kept under $OUT:
+#   OUT=/tmp/tier bash bench/gpu_tier.sh [seconds per group, default 480]
+# The demo assets are built once first (tests that need them would otherwise build them in
+# each process), under $DFLASH_ASSETS_DIR (default /tmp/gpuassets). Groups: the driver and
+# FSDP tests (the longest: real Ray jobs), the families, and everything else marked gpu.
+# Prints each group's last line and exits non-zero when any group failed or ran out of time.
+set -uo pipefail
+limit=${1:-480}
+out=${OUT:-/tmp/gpu-tier}
+mkdir -p "$out"
+export DFLASH_ASSETS_DIR=${DFLASH_ASSETS_DIR:-/tmp/gpuassets}
+python3 -c "from pipeline.assets.cache import ensure_tiny_assets; ensure_tiny_assets()" \
+  >"$out/assets.log" 2>&1 || { tail -5 "$out/assets.log"; exit 1; }
+heavy="tests/gpu/test_driver_gpu.py tests/gpu/test_fsdp_gpu.py"
+families="tests/gpu/test_families_gpu.py"
+run() {  # name, pytest arguments...
+  local name=$1; shift
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu "$@" \
+    >"$out/tier_$name.log" 2>&1
+  echo "rc=$?" >>"$out/tier_$name.log"
+}
+run driver_fsdp $heavy &
+run families $families &
+run rest tests $(for f in $heavy $families; do echo "--ignore=$f"; done) &
+wait
+status=0
+for name in driver_fsdp families rest; do
+  log="$out/tier_$name.log"
+  echo "$name: $(grep -E 'passed|failed|error|skipped' "$log" | tail -1) $(tail -1 "$log")"
+  grep -q '^rc=0$' "$log" || status=1
+done
+exit $status
