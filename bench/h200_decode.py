@@ -4,14 +4,20 @@
         --humaneval /path/HumanEval.jsonl.gz --out docs/bench/h200_decode.json --logs DIR
     python -m bench.h200_decode --scale tiny --out /tmp/decode.json --logs /tmp/decode_logs  # CPU
 
-Runs, each in its own process (so one's memory and compiled graphs do not touch the next):
-regeneration of the same prompts by the static-cache engine, transformers' continuous batching
-and plain ``generate`` (``bench.decode_static``, ``bench.decode_regen``), for SmolLM2-135M-Instruct
-(real weights, from its GGUF file through the pipeline's own conversion) and for the Qwen3-8B
-shape (random weights); then tau evaluation of 64 prompts x 256 new tokens by the batched
-evaluator and by the per-prompt one (``bench.decode_eval``) on both; and the CPU fp32 check
-that the two evaluators give the same tau and outputs. The result file gathers each run's
-figures under the keys of issue 32 and keeps every sub-result whole under ``runs``.
+Runs, each in its own process (so one's memory and compiled graphs do not touch the next), in
+this order: regeneration by the static-cache engine against plain ``generate`` on the same
+prompts, then sustained (many more prompts than rows, on one kept engine, setup timed apart),
+then one decode step alone beside its datasheet ceiling, with a kernel profile
+(``bench.decode_static``), for SmolLM2-135M-Instruct (real weights, from its GGUF file through
+the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau evaluation of
+64 prompts x 256 new tokens by the batched evaluator and by the per-prompt one on 2 prompts
+(``bench.decode_eval``); the 8B training step alone and beside a running evaluation
+(``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
+same tau and outputs. transformers' continuous batching (``bench.decode_regen``) runs only
+when named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
+own cap), and one that would start with too little is skipped and said so. The result file,
+written after every run, gathers the figures under the keys of issue 32 and keeps every
+sub-result (partial ones of a run cut short included) under ``runs``.
 """
 
 from __future__ import annotations
@@ -26,38 +32,56 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# name -> (module, arguments); {folder}, {humaneval} are filled in per scale.
+# name -> (module, arguments, seconds it may take at most); {folder}, {humaneval}, {logs} are
+# filled in per scale. In order of what the figures are worth: a call cut short by its
+# device time loses the tail, and every run's JSON is gathered as it ends.
 H200 = {
     "smol_static": ("bench.decode_static", "--model {folder} --prompts 512 --max-new-tokens 256 "
-                    "--batch 512 --runs static,hf --humaneval {humaneval}"),
-    "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 512 --max-new-tokens 256 "
-                "--batch 512 --humaneval {humaneval}"),
+                    "--batch 512 --runs static,hf --humaneval {humaneval} "
+                    "--sustained-prompts 4096 --sustained-batch 1024 --step-rows 1024 "
+                    "--profile {logs}/smol_step_profile.txt", 150),
     "q8b_static": ("bench.decode_static", "--model qwen3_8b_random --prompts 256 "
-                   "--max-new-tokens 256 --batch 256 --runs static,hf"),
-    "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
-                  "--baseline-prompts 8 --batch-size 64 --humaneval {humaneval}"),
+                   "--max-new-tokens 256 --batch 256 --runs static,hf --sustained-prompts 1024 "
+                   "--sustained-batch 512 --step-rows 512 "
+                   "--profile {logs}/q8b_step_profile.txt", 200),
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
-                 "--max-new-tokens 256 --baseline-prompts 4 --batch-size 64"),
+                 "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 120),
+    "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
+                   "--duties 0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
+    "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
+                  "--baseline-prompts 2 --batch-size 64 --humaneval {humaneval}", 90),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
                        "--max-new-tokens 24 --device cpu --dtype float32 --graphs off "
-                       "--batch-size 3"),
+                       "--batch-size 3", 60),
+    "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 512 --max-new-tokens 256 "
+                "--batch 512 --humaneval {humaneval}", 150),
 }
 TINY = {
     "smol_static": ("bench.decode_static", "--model {folder} --prompts 6 --max-new-tokens 6 "
                     "--batch 4 --runs static,hf --device cpu --dtype fp32 "
-                    "--humaneval {humaneval}"),
+                    "--humaneval {humaneval} --sustained-prompts 10 --sustained-batch 4 "
+                    "--step-rows 4 --profile {logs}/smol_step_profile.txt", 300),
+    "q8b_static": ("bench.decode_static", "--model {folder} --prompts 4 --max-new-tokens 4 "
+                   "--batch 4 --runs static,hf --device cpu --dtype fp32 --random-prompts 3:9 "
+                   "--sustained-prompts 9 --sustained-batch 3 --step-rows 3", 300),
     "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 4 --max-new-tokens 6 "
-                "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}"),
+                "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}", 300),
+    "q8b_beside": ("bench.eval_beside_training", "--shape tiny --device cpu --steps 2 "
+                   "--warmup 1 --duties 0.5 --eval-prompts 2 --eval-batch 2 "
+                   "--eval-new-tokens 4 --work {logs}/beside --timeout {timeout}", 300),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 4 --max-new-tokens 8 "
                   "--baseline-prompts 2 --batch-size 4 --device cpu --dtype float32 "
-                  "--graphs off --block-size 4 --humaneval {humaneval}"),
-    "cpu_eval_equal": H200["cpu_eval_equal"],
+                  "--graphs off --block-size 4 --humaneval {humaneval}", 300),
+    "cpu_eval_equal": H200["cpu_eval_equal"][:2] + (300,),
 }
-TIMEOUT_S = 300  # per run: one stuck run must leave the others their time
+MIN_START_S = 20  # a run is not started with less of the budget left than this
+# Measured on 2026-12-03 (docs/BENCHMARKS.md) and slow (90 s): run only when named in --only.
+ON_REQUEST = ("smol_cb",)
 
 
-def run_one(name: str, module: str, args: str, logs: Path) -> dict:
-    """One sub-bench in its own process; its JSON, or why it gave none."""
+def run_one(name: str, module: str, args: str, logs: Path, timeout: float) -> dict:
+    """One sub-bench in its own process; its JSON (what it wrote, even when cut short), or
+    why it gave none."""
     out = logs / f"{name}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", module, *args.split(), "--out", str(out)]
@@ -65,15 +89,17 @@ def run_one(name: str, module: str, args: str, logs: Path) -> dict:
     with open(logs / f"{name}.log", "w") as f:
         try:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=TIMEOUT_S).returncode
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            rc = "timeout"
+            rc = f"timeout after {timeout:.0f} s"
     wall = round(time.perf_counter() - t0, 1)
     log.info("%s: rc %s in %.1f s", name, rc, wall)
-    if rc != 0 or not out.exists():
-        return {"error": f"{' '.join(cmd[1:])} ended rc {rc} after {wall} s; "
-                         f"see {name}.log", "wall_s": wall}
-    return {**json.loads(out.read_text()), "wall_s": wall}
+    found = json.loads(out.read_text()) if out.exists() else {}
+    if rc != 0:
+        return {**found, "error": f"{' '.join(cmd[1:])} ended rc {rc} after {wall} s; "
+                                  f"see {name}.log" + ("; partial figures kept" if found else ""),
+                "wall_s": wall}
+    return {**found, "wall_s": wall}
 
 
 def gather(runs: dict) -> dict:
@@ -87,8 +113,20 @@ def gather(runs: dict) -> dict:
         return node
 
     def model(static, cb, evaluation):
+        step = pick(static, "step") or {}
         return {
             "regen_tokens_per_s": pick(static, "runs", "static", "tokens_per_s"),
+            "regen_sustained_tokens_per_s": pick(static, "sustained", "tokens_per_s"),
+            "regen_sustained_decode_tokens_per_s": pick(static, "sustained", "timed",
+                                                        "decode_tokens_per_s"),
+            "regen_sustained": {k: pick(static, "sustained", *k.split(".")) for k in
+                                ("prompts", "batch", "wall_s", "setup.wall_s",
+                                 "timed.prefill_s", "timed.capture_s", "timed.decode_s",
+                                 "timed.ms_per_step")},
+            "decode_step_ms": {f"{rows} rows, {name}": {
+                k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
+                                      "ceiling_share")}
+                for rows, timing in step.items() for name, v in timing["variants"].items()},
             "cb_tokens_per_s": pick(cb, "regen_tokens_per_s"),
             "hf_generate_tokens_per_s": pick(static, "runs", "hf", "tokens_per_s"),
             "regen_identical_to_hf_share": pick(static, "runs", "static", "identical_share"),
@@ -106,6 +144,9 @@ def gather(runs: dict) -> dict:
     return {
         "smollm2_135m": model("smol_static", "smol_cb", "smol_eval"),
         "qwen3_8b_random": model("q8b_static", None, "q8b_eval"),
+        "training_step_ms_8b": {name: pick("q8b_beside", "phases", name, "median_ms")
+                                for name in (runs.get("q8b_beside", {}).get("phases") or {})},
+        "training_slowdown_beside_eval_8b": pick("q8b_beside", "slowdown_vs_alone"),
         "eval_tau_equal": (None if "error" in equal or not equal else
                            equal.get("outputs_agree_share") == 1.0
                            and equal.get("tau_difference") == 0.0),
@@ -137,9 +178,14 @@ def main(argv=None) -> dict:
     p.add_argument("--scale", choices=("h200", "tiny"), default="h200")
     p.add_argument("--gguf", default=None, help="SmolLM2-135M-Instruct's GGUF file")
     p.add_argument("--humaneval", default=None, help="HumanEval.jsonl(.gz)")
-    p.add_argument("--only", default=None, help="comma-separated subset of the runs")
+    p.add_argument("--only", default=None, help="comma-separated subset of the runs (default: "
+                   f"all but {', '.join(ON_REQUEST)})")
     p.add_argument("--out", required=True, help="the result JSON")
     p.add_argument("--logs", required=True, help="folder for each run's log and JSON")
+    p.add_argument("--budget-s", type=float, default=450.0,
+                   help="seconds for all runs together, the conversion included: each run "
+                        "gets at most what is left, and none starts with under "
+                        f"{MIN_START_S} s left")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logs = Path(args.logs)
@@ -147,20 +193,32 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     folder, humaneval = prepare_target(args, logs)
     plan = TINY if args.scale == "tiny" else H200
-    wanted = args.only.split(",") if args.only else list(plan)
-    runs = {}
-    for name, (module, line) in plan.items():
+    wanted = args.only.split(",") if args.only else [n for n in plan if n not in ON_REQUEST]
+    unknown = [name for name in wanted if name not in plan]
+    if unknown:
+        raise SystemExit(f"bench.h200_decode: --only {','.join(unknown)}: allowed {', '.join(plan)}")
+    runs, result = {}, {}
+    for name, (module, line, cap) in plan.items():
         if name not in wanted:
             continue
-        runs[name] = run_one(name, module, line.format(folder=folder, humaneval=humaneval), logs)
+        left = args.budget_s - (time.perf_counter() - t0)
+        if left < MIN_START_S:
+            runs[name] = {"skipped": f"{left:.0f} s of the {args.budget_s:.0f} s budget left"}
+            log.warning("%s: skipped, %.0f s of the budget left", name, left)
+        else:
+            timeout = min(cap, left)
+            # A run with its own child processes gets a little less, to stop them itself.
+            argv = line.format(folder=folder, humaneval=humaneval, logs=logs,
+                               timeout=int(max(timeout - 10, 10)))
+            runs[name] = run_one(name, module, argv, logs, timeout)
         # Written after every run: a call cut short still leaves the figures it made.
         result = {"scale": args.scale, "target_folder": folder, **gather(runs),
                   "total_wall_s": round(time.perf_counter() - t0, 1), "runs": runs}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    failed = [name for name, r in runs.items() if "error" in r]
+    failed = [name for name, r in runs.items() if "error" in r or "skipped" in r]
     if failed:
-        log.error("bench.h200_decode: %d run(s) gave no figures: %s (see %s)", len(failed),
+        log.error("bench.h200_decode: %d run(s) failed, were cut or skipped: %s (see %s)", len(failed),
                   ", ".join(failed), logs)
         raise SystemExit(1)
     return result
