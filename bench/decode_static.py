@@ -170,7 +170,9 @@ def sustained_run(args, model, prompts, stops) -> dict:
     engine = StaticEngine(model, rows, sync_every=args.sync_every, refill_rows=args.refill_rows,
                           attention=args.attention, timing=True)
     with torch.no_grad():
-        first, setup_s = timed(lambda: engine.decode(prompts[:rows], args.max_new_tokens, stops),
+        # The longest prompts first: the cache is then sized for every later one (one build).
+        wave = sorted(prompts, key=len, reverse=True)[:rows]
+        first, setup_s = timed(lambda: engine.decode(wave, args.max_new_tokens, stops),
                                args.device)
         setup = split(engine.last_stats, sum(map(len, first)))
         answers, wall = timed(lambda: engine.decode(prompts, args.max_new_tokens, stops),

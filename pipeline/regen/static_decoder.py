@@ -135,6 +135,9 @@ class StaticEngine:
             self.decoder = old = None  # its cache freed before the new one is allocated
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+        # Columns rounded up to a span bucket: a later call with a slightly longer prompt
+        # then fits, instead of costing a new cache and new captures.
+        length = _aligned(length, self.span_bucket)
         self.decoder = StaticDecoder(self.model, rows, length, max_new, stops,
                                      cuda_graphs=self.cuda_graphs,
                                      prefill_tokens=self.prefill_tokens,

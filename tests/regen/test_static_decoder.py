@@ -134,7 +134,7 @@ def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
     from pipeline.regen.static_decoder import StaticEngine
 
     model = _load(model_dirs["qwen3"])
-    engine = StaticEngine(model, batch_size=4, sync_every=2, cuda_graphs=False)
+    engine = StaticEngine(model, batch_size=4, sync_every=2, cuda_graphs=False, span_bucket=16)
     first = _prompts(9, seed=11)
     stops = _stops_for(model, first)
     _assert_same(engine.decode(first, MAX_NEW, stops), _reference(model, first, stops))
@@ -144,7 +144,8 @@ def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
     _assert_same(engine.decode(short, 6, other), [_generate(model, p, 6, other) for p in short])
     _assert_same(engine.decode(first, MAX_NEW, stops), _reference(model, first, stops))
     assert engine.decoder is decoder and engine.builds == 1
-    longer = [p + p for p in _prompts(5, seed=13)]  # up to 60 tokens: more columns
+    longer = [p + p + p for p in _prompts(5, seed=13)]  # up to 90 tokens: more columns
+    assert max(map(len, longer)) + MAX_NEW - 1 > decoder.capacity
     with caplog.at_level("INFO", logger="pipeline.regen.static_decoder"):
         _assert_same(engine.decode(longer, MAX_NEW, set()), _reference(model, longer, set()))
         _assert_same(engine.decode(short, 6, other), [_generate(model, p, 6, other) for p in short])
