@@ -59,7 +59,8 @@ def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int) -> S
     decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
                             prefill_tokens=16384, span_bucket=128)
     decoder.stats = {}
-    decoder._prefill(list(range(rows)), chosen)
+    with swapped(model):
+        decoder._prefill(list(range(rows)), chosen)
     return decoder
 
 
@@ -84,34 +85,70 @@ def _profiled(fn, device, title: str) -> str:
     return f"== {title}\n{_table(prof, device)}\n"
 
 
+def sdpa_backends(decoder: StaticDecoder, span: int) -> dict:
+    """Which fused SDPA kernels accept the decode step's attention call as the ``sdpa``
+    variant makes it (grouped queries against the cache's strided slice, the additive float
+    mask), on this device; each refusal's reasons as PyTorch states them (CUDA only)."""
+    if decoder.device.type != "cuda":
+        return {"checked": False, "why": "not on CUDA"}
+    import warnings
+
+    cfg = decoder.model.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    keys = decoder.cache.key_buffers[0][:, :, :span]
+    query = torch.zeros(decoder.rows, kv, heads // kv, keys.shape[-1], dtype=keys.dtype,
+                        device=keys.device)
+    visible = decoder.columns[None, :span] <= decoder.pos[:, None]
+    mask = decoder._additive(visible[:, None, None])
+    found: dict = {"checked": True, "key_strides": list(keys.stride()),
+                   "key_contiguous": keys.is_contiguous()}
+    backends = torch.backends.cuda
+    for name in ("flash", "efficient", "cudnn"):
+        check = getattr(backends, f"can_use_{name}_attention", None)
+        if check is None:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                params = backends.SDPAParams(query, keys, keys, mask, 0.0, False, False)
+                found[name] = bool(check(params, True))
+            except Exception as e:  # another signature in another version: say so
+                found[name] = f"not checked: {type(e).__name__}: {e}"
+        found[f"{name}_why_not"] = [str(w.message) for w in caught][:4]
+    return found
+
+
 @torch.no_grad()
 def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
                 attentions: Sequence[str] = ("sdpa",), steps: int = 20,
                 profile: Optional[Path] = None) -> dict:
     """ms/step at ``rows`` for each attention variant (captured where on CUDA, and uncaptured),
     with the datasheet ceiling; ``profile``: the top kernels of 3 uncaptured steps (and of 3
-    replays) per variant, written to that file."""
+    replays) per variant, written to that file as each variant ends. The variants run one
+    after another on one decoder filled once (a prefill of ``rows`` prompts)."""
     device = next(model.parameters()).device
+    per_variant = 2 * steps + 10  # steps a variant moves every row: warm-ups, timed, profiled
+    decoder = _filled(model, prompts, rows, len(attentions) * per_variant)
     out: dict = {"rows": rows, "steps_timed": steps, "variants": {}}
     tables = []
     for attention in attentions:
-        # Room for every step this variant takes: warm-ups, captures, timed and profiled.
-        decoder = _filled(model, prompts, rows, 4 * steps + 16)
         base = int(decoder.pos.max())
-        span = -(-(base + 4 * steps + 16) // decoder.span_bucket) * decoder.span_bucket
+        span = -(-(base + per_variant + 1) // decoder.span_bucket) * decoder.span_bucket
         span = min(span, decoder.capacity)
-        mean = float(decoder.pos.float().mean()) + 2 * steps
+        mean = float(decoder.pos.float().mean()) + per_variant / 2
         figures = {"span": span, **ceiling(model, rows, span, mean)}
+        if attention == "sdpa":
+            figures["sdpa_backends"] = sdpa_backends(decoder, span)
         with swapped(model, attention):
             decoder._step(span)  # warm-up: kernels pick their algorithms
             _sync(device)
             t0 = time.perf_counter()
-            for _ in range(steps):
+            for _ in range(steps // 2):
                 decoder._step(span)
             _sync(device)
-            figures["uncaptured_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+            figures["uncaptured_ms"] = 1e3 * (time.perf_counter() - t0) / (steps // 2)
             if device.type == "cuda":
-                graph = decoder._capture(span)
+                graph = decoder._capture(span)  # its warm-ups move no row (state put back)
                 graph.replay()
                 _sync(device)
                 t0 = time.perf_counter()
@@ -127,14 +164,13 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
                 if device.type == "cuda":
                     tables.append(_profiled(lambda: [graph.replay() for _ in range(3)], device,
                                             f"{attention}: 3 captured replays"))
+                profile.parent.mkdir(parents=True, exist_ok=True)
+                profile.write_text("".join(tables))
+                out["profile"] = str(profile)
         best = figures.get("captured_ms", figures["uncaptured_ms"])
         figures["ceiling_share"] = figures["ceiling_ms"] / best
         out["variants"][attention] = figures
-        del decoder
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    if profile is not None:
-        profile.parent.mkdir(parents=True, exist_ok=True)
-        profile.write_text("".join(tables))
-        out["profile"] = str(profile)
+    del decoder
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return out

@@ -89,8 +89,9 @@ def _trainer(args, shape: dict):
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = _target(shape, args.device, dtype)
     config = model.config.to_dict()
+    # Static shapes, as bench.scale.drafter times the 8B drafter: one compiled graph.
     options = DrafterConfig(attention=args.drafter_attention, compile=args.drafter_compile,
-                            **shape["drafter"])
+                            static_shapes=True, **shape["drafter"])
     spec = build_drafter_spec(config, options)
     head = TargetHead(model.get_input_embeddings().weight, model.lm_head.weight)
     del decoder_layers(model)[max(spec.target_layer_ids) + 1:]  # as load_target cuts it

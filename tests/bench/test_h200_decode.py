@@ -54,6 +54,6 @@ def test_a_spent_budget_skips_runs_and_says_so(tmp_path, monkeypatch):
 
 def test_unknown_run_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
-    with pytest.raises(SystemExit, match="--only nope: allowed smol_static"):
+    with pytest.raises(SystemExit, match="--only nope: allowed q8b_static, q8b_beside, smol_static"):
         h200_decode.main(["--scale", "tiny", "--only", "nope", "--out", str(tmp_path / "o.json"),
                           "--logs", str(tmp_path / "logs")])
