@@ -170,7 +170,7 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
         best = figures.get("captured_ms", figures["uncaptured_ms"])
         figures["ceiling_share"] = figures["ceiling_ms"] / best
         out["variants"][attention] = figures
-    del decoder
+    decoder = None  # its cache freed before empty_cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
