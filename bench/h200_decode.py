@@ -60,23 +60,25 @@ H200 = {
     "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 512 --max-new-tokens 256 "
                 "--batch 512 --humaneval {humaneval}", 150),
 }
+# On a shared CPU a tiny run can take minutes: its cap only stops a hung run.
+TINY_CAP_S = 1200
 TINY = {
     "q8b_static": ("bench.decode_static", "--model {folder} --prompts 4 --max-new-tokens 4 "
                    "--batch 4 --runs static,hf --device cpu --dtype fp32 --random-prompts 3:9 "
-                   "--sustained-prompts 9 --sustained-batch 3 --step-rows 3", 300),
+                   "--sustained-prompts 9 --sustained-batch 3 --step-rows 3", TINY_CAP_S),
     "q8b_beside": ("bench.eval_beside_training", "--shape tiny --device cpu --steps 2 "
                    "--warmup 1 --duties 0.5 --eval-prompts 2 --eval-batch 2 "
-                   "--eval-new-tokens 4 --work {logs}/beside --timeout {timeout}", 300),
+                   "--eval-new-tokens 4 --work {logs}/beside --timeout {timeout}", TINY_CAP_S),
     "smol_static": ("bench.decode_static", "--model {folder} --prompts 6 --max-new-tokens 6 "
                     "--batch 4 --runs static,hf --device cpu --dtype fp32 "
                     "--humaneval {humaneval} --sustained-prompts 10 --sustained-batch 4 "
-                    "--step-rows 4 --profile {logs}/smol_step_profile.txt", 300),
+                    "--step-rows 4 --profile {logs}/smol_step_profile.txt", TINY_CAP_S),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 4 --max-new-tokens 8 "
                   "--baseline-prompts 2 --batch-size 4 --device cpu --dtype float32 "
-                  "--graphs off --block-size 4 --humaneval {humaneval}", 300),
-    "cpu_eval_equal": H200["cpu_eval_equal"][:2] + (300,),
+                  "--graphs off --block-size 4 --humaneval {humaneval}", TINY_CAP_S),
+    "cpu_eval_equal": H200["cpu_eval_equal"][:2] + (TINY_CAP_S,),
     "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 4 --max-new-tokens 6 "
-                "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}", 300),
+                "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}", TINY_CAP_S),
 }
 BACKGROUND = ("cpu_eval_equal",)
 MIN_START_S = 20  # a run is not started with less of the budget left than this
