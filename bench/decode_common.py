@@ -80,3 +80,26 @@ def compare(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]],
             first.append({"prompt": i, "position": at, "reference_len": len(a),
                           "len": len(b)})
     return {"identical_share": same / max(len(reference), 1), "first_mismatches": first}
+
+
+def chat_prompts(tokenizer, humaneval: str, count: int) -> tuple[list[list[int]], dict]:
+    """``count`` distinct chat prompts where HumanEval's 164 are too few: HumanEval's first,
+    then requests about documented standard-library APIs (``bench.real_model_prompts``, built
+    offline from this machine's stdlib), each a user turn through the chat template; repeated
+    only if both together are still short. Returns the ids and where they came from."""
+    from bench.quality.corpus import load_corpus
+    from bench.real_model_prompts import build_prompts
+    from pipeline.regen.greedy import render_prompt
+
+    texts = humaneval_tasks(humaneval)[:count]
+    sources = {"humaneval": len(texts), "stdlib_api": 0, "repeated": 0}
+    if len(texts) < count:
+        corpus = load_corpus(0.05, packages=False)
+        found = build_prompts(corpus.train + corpus.heldout, 0.05, count - len(texts))
+        extra = [p.text for p in found.train + found.heldout]
+        sources["stdlib_api"] = len(extra)
+        texts += extra
+    ids = [list(tokenizer(render_prompt(tokenizer, [{"role": "user", "content": t}]),
+                          add_special_tokens=False)["input_ids"]) for t in texts]
+    sources["repeated"] = max(0, count - len(ids))
+    return [ids[i % len(ids)] for i in range(count)], sources

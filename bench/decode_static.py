@@ -12,11 +12,22 @@ reports generated tokens (answers cut after their first stop token, stop include
 seconds and tokens/s after one untimed warm-up on a batch of 4-token answers; every run but
 ``hf`` also reports the share of answers identical to ``hf``'s and, for the first mismatches,
 the first differing position (bf16 ties differ late; a wrong cache position differs early).
+The static runs also split their wall time (``split``): prefill, graph captures, decode steps
+(and ms a step). With ``prompts == batch`` these runs are one wave: no refills, setup inside.
+
+``--sustained-prompts N`` (with ``--sustained-batch B``) then measures sustained throughput:
+one engine kept across two calls (as a regeneration worker keeps it), a first wave of B
+prompts (cache, captures: ``setup``), then all N prompts timed (``timed``: refills included,
+prefill and decode steps split). ``--step-rows R1,R2`` times one decode step alone at those
+rows, captured and uncaptured, for each ``--step-attention`` variant, beside the step's
+datasheet ceiling (``bench.decode_step``); ``--profile FILE`` writes the top kernels of three
+uncaptured steps and three replays there. The JSON is written after every part.
 
 Models: an HF folder; ``gguf:FILE`` (dequantised to a dense model in ``--dtype``, tokenizer
 and chat template from the file); ``qwen3_8b_random`` (Qwen3-8B's config, random weights made
 on the device). Prompts: HumanEval's 164 prompts as a user turn rendered with the chat
-template, repeated to ``--prompts``; or, with ``--random-prompts MIN:MAX`` (the default for
+template, repeated to ``--prompts`` (the sustained set: HumanEval's, then requests about
+documented stdlib APIs, ``decode_common.chat_prompts``); or, with ``--random-prompts MIN:MAX`` (the default for
 ``qwen3_8b_random`` is 128:512), random token ids with no stop token (every answer runs to
 ``--max-new-tokens``). Prints the JSON and writes it to ``--out``.
 """
@@ -30,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from bench.decode_common import RANDOM_8B, compare, humaneval_prompts, random_qwen3, sync
+from bench.decode_common import (RANDOM_8B, chat_prompts, compare, humaneval_prompts,
+                                 random_qwen3, sync, timed)
 
 RUNS = ("static", "static_eager", "hf", "hf_static")
 
@@ -99,36 +111,91 @@ def hf_generate(model, prompts, max_new, stops, batch, pad_id, static_cache=Fals
     return answers
 
 
-def run_one(name, model, prompts, max_new, stops, batch, pad_id, sync_every):
-    from pipeline.regen.static_decoder import greedy_decode
+def run_one(name, model, prompts, max_new, stops, batch, pad_id, args):
+    """One run's answers; for the static runs also its engine's split of the time."""
+    from pipeline.regen.static_decoder import StaticEngine
 
     if name in ("static", "static_eager"):
-        return greedy_decode(model, prompts, max_new, stops, batch_size=batch,
-                             cuda_graphs=name == "static", sync_every=sync_every)
-    return hf_generate(model, prompts, max_new, stops, batch, pad_id, name == "hf_static")
+        engine = StaticEngine(model, batch, cuda_graphs=name == "static",
+                              sync_every=args.sync_every, refill_rows=args.refill_rows,
+                              attention=args.attention, timing=True)
+        return engine.decode(prompts, max_new, stops), engine.last_stats
+    return hf_generate(model, prompts, max_new, stops, batch, pad_id, name == "hf_static"), None
+
+
+def split(stats: dict, tokens: int) -> dict:
+    """The engine's wall seconds split into prefill, graph captures and decode steps."""
+    decode_s = stats["wall_s"] - stats["prefill_s"] - stats["capture_s"]
+    return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()},
+            "decode_s": round(decode_s, 4),
+            "decode_tokens_per_s": tokens / decode_s if decode_s > 0 else None,
+            "ms_per_step": 1e3 * decode_s / stats["steps"] if stats["steps"] else None}
+
+
+def load_prompts(args, model, tokenizer):
+    """(same-prompts set, sustained set or None, stops, pad id, description)."""
+    spec = args.random_prompts or ("128:512" if args.model == RANDOM_8B else None)
+    if spec is None and tokenizer is None:
+        raise ValueError(f"--model {args.model} has no tokenizer: pass --random-prompts MIN:MAX")
+    many = max(args.prompts, args.sustained_prompts)
+    if spec:
+        everything = random_prompts(spec, many, model.config.vocab_size)
+        model.generation_config.eos_token_id = None  # generate must not stop either
+        source = {"random": spec}
+        stops, pad_id = set(), 0
+    else:
+        from pipeline.regen.greedy import ensure_pad_token, stop_token_ids
+
+        everything, source = chat_prompts(tokenizer, args.humaneval, many)
+        stops = set(stop_token_ids(model, tokenizer))
+        pad_id = ensure_pad_token(tokenizer)
+    # The same-prompts comparison keeps HumanEval's prompts repeated, as measured before.
+    same = (everything[:args.prompts] if spec else
+            humaneval_prompts(tokenizer, args.humaneval, args.prompts))
+    sustained = everything[:args.sustained_prompts] if args.sustained_prompts else None
+    return same, sustained, stops, pad_id, source
+
+
+def _lengths(prompts) -> dict:
+    lengths = [len(p) for p in prompts]
+    return {"min": min(lengths), "max": max(lengths), "mean": sum(lengths) / len(lengths)}
+
+
+def sustained_run(args, model, prompts, stops) -> dict:
+    """Many more prompts than rows on one kept engine: setup (cache, captures, a first wave of
+    ``--sustained-batch`` prompts) timed apart from the sustained decode of all of them."""
+    from pipeline.regen.static_decoder import StaticEngine
+
+    rows = args.sustained_batch or args.batch
+    engine = StaticEngine(model, rows, sync_every=args.sync_every, refill_rows=args.refill_rows,
+                          attention=args.attention, timing=True)
+    with torch.no_grad():
+        # The longest prompts first: the cache is then sized for every later one (one build).
+        wave = sorted(prompts, key=len, reverse=True)[:rows]
+        first, setup_s = timed(lambda: engine.decode(wave, args.max_new_tokens, stops),
+                               args.device)
+        setup = split(engine.last_stats, sum(map(len, first)))
+        answers, wall = timed(lambda: engine.decode(prompts, args.max_new_tokens, stops),
+                              args.device)
+    tokens = sum(map(len, answers))
+    result = {"prompts": len(prompts), "batch": rows, "prompt_tokens": _lengths(prompts),
+              "tokens_per_s": tokens / wall, "wall_s": wall, "generated_tokens": tokens,
+              "mean_answer_tokens": tokens / len(prompts),
+              "setup": {"wall_s": setup_s, "first_wave": setup},
+              "timed": split(engine.last_stats, tokens), "builds": engine.builds}
+    if args.device.startswith("cuda"):
+        result["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    engine = None  # its cache freed before the next part allocates
+    return result
 
 
 def measure(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     model, tokenizer = load_model(args.model, args.device, dtype)
-    spec = args.random_prompts or ("128:512" if args.model == RANDOM_8B else None)
-    if spec is None and tokenizer is None:
-        raise ValueError(f"--model {args.model} has no tokenizer: pass --random-prompts MIN:MAX")
-    if spec:
-        prompts, stops = random_prompts(spec, args.prompts, model.config.vocab_size), set()
-        model.generation_config.eos_token_id = None  # generate must not stop either
-        pad_id = 0
-    else:
-        from pipeline.regen.greedy import ensure_pad_token, stop_token_ids
-
-        prompts = humaneval_prompts(tokenizer, args.humaneval, args.prompts)
-        stops = set(stop_token_ids(model, tokenizer))
-        pad_id = ensure_pad_token(tokenizer)
-    lengths = [len(p) for p in prompts]
+    prompts, sustained, stops, pad_id, source = load_prompts(args, model, tokenizer)
     result = {"model": args.model, "device": args.device, "dtype": args.dtype, "batch": args.batch,
-              "prompts": len(prompts), "prompt_source": f"random {spec}" if spec else "humaneval chat",
-              "prompt_tokens": {"min": min(lengths), "max": max(lengths),
-                                "mean": sum(lengths) / len(lengths)},
+              "prompts": len(prompts), "prompt_source": source,
+              "prompt_tokens": _lengths(prompts), "attention": args.attention,
               "max_new_tokens": args.max_new_tokens, "stops": sorted(stops),
               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
@@ -136,31 +203,59 @@ def measure(args) -> dict:
     answers = {}
     for name in args.runs:
         with torch.no_grad():
-            run_one(name, model, prompts[:args.batch], 4, stops, args.batch, pad_id, args.sync_every)
+            run_one(name, model, prompts[:args.batch], 4, stops, args.batch, pad_id, args)
             sync(args.device)
             start = time.perf_counter()
-            answers[name] = run_one(name, model, prompts, args.max_new_tokens, stops, args.batch,
-                                    pad_id, args.sync_every)
+            answers[name], stats = run_one(name, model, prompts, args.max_new_tokens, stops,
+                                           args.batch, pad_id, args)
             sync(args.device)
             wall = time.perf_counter() - start
         tokens = sum(len(a) for a in answers[name])
         result["runs"][name] = {"tokens_per_s": tokens / wall, "wall_s": wall,
                                 "generated_tokens": tokens}
+        if stats is not None:
+            result["runs"][name]["split"] = split(stats, tokens)
         if args.device.startswith("cuda"):
             result["runs"][name]["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-    if "hf" in answers:
-        for name in answers:
-            if name != "hf":
-                result["runs"][name].update(compare(answers["hf"], answers[name]))
+        if "hf" in answers:
+            for other in answers:
+                if other != "hf":
+                    result["runs"][other].update(compare(answers["hf"], answers[other]))
+        write(args.out, result)
     if "static" in answers and "static_eager" in answers:
         same = sum(a == b for a, b in zip(answers["static"], answers["static_eager"]))
         result["runs"]["static_eager"]["identical_to_static"] = same / len(prompts)
+    if sustained is not None:
+        result["sustained"] = sustained_run(args, model, sustained, stops)
+        write(args.out, result)
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    for rows in args.step_rows:
+        from bench.decode_step import step_timing
+
+        profile = args.profile if rows == args.step_rows[0] else None
+        result.setdefault("step", {})[str(rows)] = step_timing(
+            model, sustained or prompts, rows, args.step_attention, profile=profile)
+        write(args.out, result)
     return result
 
 
+def write(out, result: dict) -> None:
+    """The result so far (every part writes it: a timeout keeps what was measured)."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def main(argv=None) -> dict:
+    from pipeline.regen.static_attention import ATTENTIONS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="HF folder, gguf:FILE or qwen3_8b_random")
     p.add_argument("--prompts", type=int, default=512)
@@ -172,19 +267,34 @@ def main(argv=None) -> dict:
                    help=f"comma-separated, from {', '.join(RUNS)}")
     p.add_argument("--random-prompts", default=None, metavar="MIN:MAX")
     p.add_argument("--sync-every", type=int, default=8)
+    p.add_argument("--refill-rows", type=int, default=None, help="default: 1/8 of the rows")
+    p.add_argument("--attention", choices=ATTENTIONS, default="sdpa",
+                   help="the static engine's decode-step attention")
+    p.add_argument("--sustained-prompts", type=int, default=0,
+                   help="also decode this many prompts on one kept engine (0: off)")
+    p.add_argument("--sustained-batch", type=int, default=0, help="its rows (0: --batch)")
+    p.add_argument("--step-rows", type=_ints, default=[],
+                   help="comma-separated row counts to time one decode step at (bench.decode_step)")
+    p.add_argument("--step-attention", default="sdpa,matmul",
+                   help=f"attention variants the step timing compares, from {', '.join(ATTENTIONS)}")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="write the top kernels of a few decode steps (first --step-rows) here")
     p.add_argument("--humaneval", default=None, help="HumanEval.jsonl.gz (models with a tokenizer)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.runs = [r for r in args.runs.split(",") if r]
     bad = [r for r in args.runs if r not in RUNS]
-    if bad or not args.runs:
-        p.error(f"--runs {','.join(bad) or '(empty)'}: allowed {', '.join(RUNS)}")
+    if bad:
+        p.error(f"--runs {','.join(bad)}: allowed {', '.join(RUNS)}")
+    args.step_attention = [a for a in args.step_attention.split(",") if a]
+    wrong = [a for a in args.step_attention if a not in ATTENTIONS]
+    if wrong or not args.step_attention:
+        p.error(f"--step-attention {','.join(wrong) or '(empty)'}: allowed {', '.join(ATTENTIONS)}")
+    if args.profile is not None and not args.step_rows:
+        p.error("--profile profiles the step timing: give --step-rows too")
     result = measure(args)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print(json.dumps(result, indent=1))
+    write(args.out, result)
     return result
 
 

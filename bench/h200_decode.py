@@ -4,14 +4,20 @@
         --humaneval /path/HumanEval.jsonl.gz --out docs/bench/h200_decode.json --logs DIR
     python -m bench.h200_decode --scale tiny --out /tmp/decode.json --logs /tmp/decode_logs  # CPU
 
-Runs, each in its own process (so one's memory and compiled graphs do not touch the next):
-regeneration of the same prompts by the static-cache engine, transformers' continuous batching
-and plain ``generate`` (``bench.decode_static``, ``bench.decode_regen``), for SmolLM2-135M-Instruct
-(real weights, from its GGUF file through the pipeline's own conversion) and for the Qwen3-8B
-shape (random weights); then tau evaluation of 64 prompts x 256 new tokens by the batched
-evaluator and by the per-prompt one (``bench.decode_eval``) on both; and the CPU fp32 check
-that the two evaluators give the same tau and outputs. The result file gathers each run's
-figures under the keys of issue 32 and keeps every sub-result whole under ``runs``.
+Runs, each in its own process (so one's memory and compiled graphs do not touch the next), in
+this order: regeneration by the static-cache engine against plain ``generate`` on the same
+prompts, then sustained (many more prompts than rows, on one kept engine, setup timed apart),
+then one decode step alone beside its datasheet ceiling, with a kernel profile
+(``bench.decode_static``), for SmolLM2-135M-Instruct (real weights, from its GGUF file through
+the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau evaluation of
+64 prompts x 256 new tokens by the batched evaluator and by the per-prompt one on 2 prompts
+(``bench.decode_eval``); the 8B training step alone and beside a running evaluation
+(``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
+same tau and outputs. transformers' continuous batching (``bench.decode_regen``) runs only
+when named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
+own cap), and one that would start with too little is skipped and said so. The result file,
+written after every run, gathers the figures under the keys of issue 32 and keeps every
+sub-result (partial ones of a run cut short included) under ``runs``.
 """
 
 from __future__ import annotations
@@ -19,61 +25,96 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# name -> (module, arguments); {folder}, {humaneval} are filled in per scale.
+# name -> (module, arguments, seconds it may take at most). {folder}, {humaneval} (the converted
+# GGUF: runs that name them wait for the conversion, which runs beside the 8B runs), {logs}
+# and {timeout} are filled in per run. In order of what the figures are worth: a call cut
+# short loses the tail, and every run's JSON is gathered as it ends. BACKGROUND runs (CPU
+# only) start at once beside the others and are gathered at the end.
 H200 = {
-    "smol_static": ("bench.decode_static", "--model {folder} --prompts 512 --max-new-tokens 256 "
-                    "--batch 512 --runs static,hf --humaneval {humaneval}"),
-    "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 512 --max-new-tokens 256 "
-                "--batch 512 --humaneval {humaneval}"),
     "q8b_static": ("bench.decode_static", "--model qwen3_8b_random --prompts 256 "
-                   "--max-new-tokens 256 --batch 256 --runs static,hf"),
-    "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
-                  "--baseline-prompts 8 --batch-size 64 --humaneval {humaneval}"),
+                   "--max-new-tokens 256 --batch 256 --runs static,hf --sustained-prompts 1024 "
+                   "--sustained-batch 512 --step-rows 512 "
+                   "--profile {logs}/q8b_step_profile.txt", 200),
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
-                 "--max-new-tokens 256 --baseline-prompts 4 --batch-size 64"),
+                 "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 120),
+    "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
+                   "--duties 0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
+    "smol_static": ("bench.decode_static", "--model {folder} --prompts 512 --max-new-tokens 256 "
+                    "--batch 512 --runs static,hf --humaneval {humaneval} "
+                    "--sustained-prompts 4096 --sustained-batch 1024 --step-rows 1024 "
+                    "--profile {logs}/smol_step_profile.txt", 150),
+    "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
+                  "--baseline-prompts 2 --batch-size 64 --humaneval {humaneval}", 90),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
                        "--max-new-tokens 24 --device cpu --dtype float32 --graphs off "
-                       "--batch-size 3"),
+                       "--batch-size 3", 120),
+    "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 512 --max-new-tokens 256 "
+                "--batch 512 --humaneval {humaneval}", 150),
 }
+# On a shared CPU a tiny run can take minutes: its cap only stops a hung run.
+TINY_CAP_S = 1200
 TINY = {
+    "q8b_static": ("bench.decode_static", "--model {folder} --prompts 4 --max-new-tokens 4 "
+                   "--batch 4 --runs static,hf --device cpu --dtype fp32 --random-prompts 3:9 "
+                   "--sustained-prompts 9 --sustained-batch 3 --step-rows 3", TINY_CAP_S),
+    "q8b_beside": ("bench.eval_beside_training", "--shape tiny --device cpu --steps 2 "
+                   "--warmup 1 --duties 0.5 --eval-prompts 2 --eval-batch 2 "
+                   "--eval-new-tokens 4 --work {logs}/beside --timeout {timeout}", TINY_CAP_S),
     "smol_static": ("bench.decode_static", "--model {folder} --prompts 6 --max-new-tokens 6 "
                     "--batch 4 --runs static,hf --device cpu --dtype fp32 "
-                    "--humaneval {humaneval}"),
-    "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 4 --max-new-tokens 6 "
-                "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}"),
+                    "--humaneval {humaneval} --sustained-prompts 10 --sustained-batch 4 "
+                    "--step-rows 4 --profile {logs}/smol_step_profile.txt", TINY_CAP_S),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 4 --max-new-tokens 8 "
                   "--baseline-prompts 2 --batch-size 4 --device cpu --dtype float32 "
-                  "--graphs off --block-size 4 --humaneval {humaneval}"),
-    "cpu_eval_equal": H200["cpu_eval_equal"],
+                  "--graphs off --block-size 4 --humaneval {humaneval}", TINY_CAP_S),
+    "cpu_eval_equal": H200["cpu_eval_equal"][:2] + (TINY_CAP_S,),
+    "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 4 --max-new-tokens 6 "
+                "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}", TINY_CAP_S),
 }
-TIMEOUT_S = 300  # per run: one stuck run must leave the others their time
+BACKGROUND = ("cpu_eval_equal",)
+MIN_START_S = 20  # a run is not started with less of the budget left than this
+# Measured on 2026-12-03 (docs/BENCHMARKS.md) and slow (90 s): run only when named in --only.
+ON_REQUEST = ("smol_cb",)
 
 
-def run_one(name: str, module: str, args: str, logs: Path) -> dict:
-    """One sub-bench in its own process; its JSON, or why it gave none."""
-    out = logs / f"{name}.json"
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", module, *args.split(), "--out", str(out)]
-    t0 = time.perf_counter()
-    with open(logs / f"{name}.log", "w") as f:
+class Run:
+    """One sub-bench in its own process, writing its JSON to ``logs/<name>.json``."""
+
+    def __init__(self, name: str, module: str, args: str, logs: Path, env=None) -> None:
+        self.name, self.out = name, logs / f"{name}.json"
+        self.out.unlink(missing_ok=True)
+        self.cmd = [sys.executable, "-m", module, *args.split(), "--out", str(self.out)]
+        self.log = open(logs / f"{name}.log", "w")
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def finish(self, timeout: float) -> dict:
+        """Its JSON (what it wrote, even when cut short at ``timeout`` s), or why none."""
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=TIMEOUT_S).returncode
+            rc = self.proc.wait(timeout=max(timeout, 0.1))
         except subprocess.TimeoutExpired:
-            rc = "timeout"
-    wall = round(time.perf_counter() - t0, 1)
-    log.info("%s: rc %s in %.1f s", name, rc, wall)
-    if rc != 0 or not out.exists():
-        return {"error": f"{' '.join(cmd[1:])} ended rc {rc} after {wall} s; "
-                         f"see {name}.log", "wall_s": wall}
-    return {**json.loads(out.read_text()), "wall_s": wall}
+            self.proc.kill()
+            self.proc.wait()
+            rc = f"timeout after {time.perf_counter() - self.t0:.0f} s"
+        self.log.close()
+        wall = round(time.perf_counter() - self.t0, 1)
+        log.info("%s: rc %s in %.1f s", self.name, rc, wall)
+        found = json.loads(self.out.read_text()) if self.out.exists() else {}
+        if rc != 0:
+            return {**found, "error": f"{' '.join(self.cmd[1:])} ended rc {rc} after {wall} s; "
+                                      f"see {self.name}.log"
+                                      + ("; partial figures kept" if found else ""),
+                    "wall_s": wall}
+        return {**found, "wall_s": wall}
 
 
 def gather(runs: dict) -> dict:
@@ -87,8 +128,20 @@ def gather(runs: dict) -> dict:
         return node
 
     def model(static, cb, evaluation):
+        step = pick(static, "step") or {}
         return {
             "regen_tokens_per_s": pick(static, "runs", "static", "tokens_per_s"),
+            "regen_sustained_tokens_per_s": pick(static, "sustained", "tokens_per_s"),
+            "regen_sustained_decode_tokens_per_s": pick(static, "sustained", "timed",
+                                                        "decode_tokens_per_s"),
+            "regen_sustained": {k: pick(static, "sustained", *k.split(".")) for k in
+                                ("prompts", "batch", "wall_s", "setup.wall_s",
+                                 "timed.prefill_s", "timed.capture_s", "timed.decode_s",
+                                 "timed.ms_per_step")},
+            "decode_step_ms": {f"{rows} rows, {name}": {
+                k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
+                                      "ceiling_share")}
+                for rows, timing in step.items() for name, v in timing["variants"].items()},
             "cb_tokens_per_s": pick(cb, "regen_tokens_per_s"),
             "hf_generate_tokens_per_s": pick(static, "runs", "hf", "tokens_per_s"),
             "regen_identical_to_hf_share": pick(static, "runs", "static", "identical_share"),
@@ -106,6 +159,9 @@ def gather(runs: dict) -> dict:
     return {
         "smollm2_135m": model("smol_static", "smol_cb", "smol_eval"),
         "qwen3_8b_random": model("q8b_static", None, "q8b_eval"),
+        "training_step_ms_8b": {name: pick("q8b_beside", "phases", name, "median_ms")
+                                for name in (runs.get("q8b_beside", {}).get("phases") or {})},
+        "training_slowdown_beside_eval_8b": pick("q8b_beside", "slowdown_vs_alone"),
         "eval_tau_equal": (None if "error" in equal or not equal else
                            equal.get("outputs_agree_share") == 1.0
                            and equal.get("tau_difference") == 0.0),
@@ -127,8 +183,6 @@ def prepare_target(args, logs: Path) -> tuple[str, str]:
         Path(humaneval).write_text("".join(
             json.dumps({"task_id": f"t/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Add {i}.\"\"\"\n"})
             + "\n" for i in range(2)))
-    if not gguf or not humaneval:
-        raise SystemExit("bench.h200_decode: --gguf and --humaneval are needed at --scale h200")
     return gguf_folder(gguf), humaneval
 
 
@@ -137,30 +191,83 @@ def main(argv=None) -> dict:
     p.add_argument("--scale", choices=("h200", "tiny"), default="h200")
     p.add_argument("--gguf", default=None, help="SmolLM2-135M-Instruct's GGUF file")
     p.add_argument("--humaneval", default=None, help="HumanEval.jsonl(.gz)")
-    p.add_argument("--only", default=None, help="comma-separated subset of the runs")
+    p.add_argument("--only", default=None, help="comma-separated subset of the runs (default: "
+                   f"all but {', '.join(ON_REQUEST)})")
     p.add_argument("--out", required=True, help="the result JSON")
     p.add_argument("--logs", required=True, help="folder for each run's log and JSON")
+    p.add_argument("--budget-s", type=float, default=450.0,
+                   help="seconds for all runs together, the conversion included: each run "
+                        "gets at most what is left, and none starts with under "
+                        f"{MIN_START_S} s left")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    folder, humaneval = prepare_target(args, logs)
     plan = TINY if args.scale == "tiny" else H200
-    wanted = args.only.split(",") if args.only else list(plan)
-    runs = {}
-    for name, (module, line) in plan.items():
-        if name not in wanted:
-            continue
-        runs[name] = run_one(name, module, line.format(folder=folder, humaneval=humaneval), logs)
-        # Written after every run: a call cut short still leaves the figures it made.
-        result = {"scale": args.scale, "target_folder": folder, **gather(runs),
+    wanted = args.only.split(",") if args.only else [n for n in plan if n not in ON_REQUEST]
+    unknown = [name for name in wanted if name not in plan]
+    if unknown:
+        raise SystemExit(f"bench.h200_decode: --only {','.join(unknown)}: allowed {', '.join(plan)}")
+    if args.scale == "h200" and (not args.gguf or not args.humaneval):
+        raise SystemExit("bench.h200_decode: --gguf and --humaneval are needed at --scale h200")
+    # The GGUF conversion (a minute of CPU) runs beside the runs that do not need it.
+    needs_gguf = any("{folder}" in plan[n][1] or "{humaneval}" in plan[n][1] for n in wanted)
+    conversion = ThreadPoolExecutor(1).submit(prepare_target if needs_gguf else lambda *_: None,
+                                              args, logs)
+    runs: dict = {}
+    state = {"folder": None}
+
+    def write() -> dict:
+        result = {"scale": args.scale, "target_folder": state["folder"], **gather(runs),
                   "total_wall_s": round(time.perf_counter() - t0, 1), "runs": runs}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return result
+
+    def fields(line: str, timeout: float) -> dict:
+        values = {"logs": logs, "timeout": int(max(timeout - 10, 10))}
+        if "{folder}" in line or "{humaneval}" in line:
+            state["folder"], values["humaneval"] = conversion.result()
+            values["folder"] = state["folder"]
+        return values
+
+    def left() -> float:
+        return args.budget_s - (time.perf_counter() - t0)
+
+    # CPU-only runs beside the rest, on few threads (the GPU runs' hosts need the cores).
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    background = {name: Run(name, plan[name][0], plan[name][1].format(
+                      **fields(plan[name][1], plan[name][2])), logs, env)
+                  for name in wanted if name in BACKGROUND}
+    for name, (module, line, cap) in plan.items():
+        if name not in wanted or name in background:
+            continue
+        if left() < MIN_START_S:
+            runs[name] = {"skipped": f"{left():.0f} s of the {args.budget_s:.0f} s budget left"}
+            log.warning("%s: skipped, %.0f s of the budget left", name, left())
+        else:
+            try:
+                argv_ = line.format(**fields(line, min(cap, left())))
+            except Exception as e:  # the conversion failed: the runs that need it cannot run
+                runs[name] = {"error": f"the GGUF conversion failed: {type(e).__name__}: {e}"}
+                log.error("%s: %s", name, runs[name]["error"])
+                write()
+                continue
+            # Its budget counts from its start: a wait for the conversion is not its time.
+            timeout = min(cap, left())
+            runs[name] = Run(name, module, argv_, logs).finish(timeout)
+        # Written after every run: a call cut short still leaves the figures it made.
+        write()
+    for name, run in background.items():
+        runs[name] = run.finish(min(plan[name][2], left()))
+    if state["folder"] is None and conversion.done() and conversion.exception() is None \
+            and conversion.result() is not None:
+        state["folder"] = conversion.result()[0]
+    result = write()
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    failed = [name for name, r in runs.items() if "error" in r]
+    failed = [name for name, r in runs.items() if "error" in r or "skipped" in r]
     if failed:
-        log.error("bench.h200_decode: %d run(s) gave no figures: %s (see %s)", len(failed),
+        log.error("bench.h200_decode: %d run(s) failed, were cut or skipped: %s (see %s)", len(failed),
                   ", ".join(failed), logs)
         raise SystemExit(1)
     return result

@@ -37,12 +37,17 @@ class GeneratorWorker:
         pad_id = ensure_pad_token(self.tokenizer)
         self.config = greedy_config(self.stops, pad_id, max_new_tokens)
         self.cb: Optional[CbSession] = None
-        self.static_rows = static_rows
         if engine == "cb":
             self.cb = self._start_cb(cb_options or CbOptions())
         self.engine = "cb" if self.cb is not None else "generate"
+        # One static decoder for the worker's life: its cache and captured graphs serve
+        # every call that fits them (pipeline.regen.static_decoder.StaticEngine).
+        self.static = None
         if engine == "static" and self._static_serves():
+            from pipeline.regen.static_decoder import StaticEngine
+
             self.engine = "static"
+            self.static = StaticEngine(self.model, static_rows)
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
 
@@ -83,8 +88,8 @@ class GeneratorWorker:
             decode = None
             if self.engine == "static":
                 def decode(prompts: list[str]) -> list[TurnResult]:
-                    return static_round(self.model, self.tokenizer, prompts, self.config,
-                                        self.stops, self.static_rows)
+                    return static_round(self.static, self.tokenizer, prompts, self.config,
+                                        self.stops)
             done = regenerate_batch(self.model, self.tokenizer, batch, self.config, self.stops,
                                     self.enable_thinking, decode)
         main = on_main_thread()

@@ -146,12 +146,11 @@ def ensure_pad_token(tokenizer) -> int:
     return int(tokenizer.pad_token_id)
 
 
-def static_round(model, tokenizer, prompts: Sequence[str], config: GenerationConfig,
-                 stops: Sequence[int], rows: int) -> list[TurnResult]:
+def static_round(engine, tokenizer, prompts: Sequence[str], config: GenerationConfig,
+                 stops: Sequence[int]) -> list[TurnResult]:
     """Greedy answers to rendered prompts on the static-cache engine
-    (:mod:`pipeline.regen.static_decoder`): no padding, finished rows refilled."""
-    from pipeline.regen.static_decoder import greedy_decode
-
+    (:class:`pipeline.regen.static_decoder.StaticEngine`, kept by the worker from call to
+    call): no padding, finished rows refilled."""
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    answers = greedy_decode(model, ids, config.max_new_tokens, set(stops), batch_size=rows)
+    answers = engine.decode(ids, config.max_new_tokens, set(stops))
     return [cut_at_stop(tokenizer, row, stops) for row in answers]

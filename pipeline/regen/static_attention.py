@@ -6,8 +6,20 @@ group on CUDA (5.17 always; 5.24 except at one query token): at decode time that
 whole cache each layer, each step. Here a decode step folds each group's query heads into the
 query-length axis instead (``[rows, kv_heads, group, head_dim]`` against the cache's
 ``[rows, kv_heads, span, head_dim]``; the ``[rows, 1, 1, span]`` mask broadcasts), and only a
-prefill, whose keys are the prompt's own, repeats heads. Registered under one name in
-transformers' attention registry and switched on for the decoder's calls only (``swapped``).
+prefill, whose keys are the prompt's own, repeats heads. Registered under one name per
+decode-step variant in transformers' attention registry and switched on for the decoder's
+calls only (``swapped``):
+
+- ``sdpa``: the decode step through ``F.scaled_dot_product_attention`` (on CUDA in bf16 with a
+  float mask: the memory-efficient kernel, which tiles 32-64 queries per block, so with a
+  group of 3-4 query heads most of each tile is padding);
+- ``matmul``: the decode step as two batched matmuls (scores ``[rows*kv_heads, group, span]``,
+  then values) with the softmax in fp32 between them, as transformers' eager attention
+  computes it: the cache is read once by each matmul, no tile is padded. Which is faster at
+  a given batch is measured (``bench.decode_step``), not assumed.
+
+The cache's ``[:, :, :span]`` slice is a view (strides of the whole capacity): neither variant
+copies it, as both kernels take a strided batch with a unit last stride.
 """
 
 from __future__ import annotations
@@ -18,36 +30,61 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-NAME = "pipeline_static_rows"
+NAMES = {"sdpa": "pipeline_static_rows", "matmul": "pipeline_static_rows_matmul"}
+ATTENTIONS = tuple(NAMES)
+NAME = NAMES["sdpa"]
+
+
+def _prefill(query, key, value, attention_mask, scaling):
+    group = query.shape[1] // key.shape[1]
+    if group > 1:
+        key = key.repeat_interleave(group, dim=1)
+        value = value.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                          scale=scaling)
 
 
 def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """``query [b, heads, q, d]``, ``key/value [b, kv_heads, k, d]`` -> ``([b, q, heads, d], None)``."""
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    group = heads // kv_heads
     if q_len == 1:
-        out = F.scaled_dot_product_attention(query.reshape(b, kv_heads, group, dim), key, value,
-                                             attn_mask=attention_mask, scale=scaling)
+        out = F.scaled_dot_product_attention(query.reshape(b, kv_heads, heads // kv_heads, dim),
+                                             key, value, attn_mask=attention_mask, scale=scaling)
         out = out.reshape(b, heads, 1, dim)
     else:
-        if group > 1:
-            key = key.repeat_interleave(group, dim=1)
-            value = value.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                             scale=scaling)
+        out = _prefill(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(NAME, row_attention)
+def row_attention_matmul(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                         **kwargs):
+    """As :func:`row_attention`; the decode step as matmul, fp32 softmax, matmul."""
+    b, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1:
+        out = _prefill(query, key, value, attention_mask, scaling)
+        return out.transpose(1, 2).contiguous(), None
+    scale = dim ** -0.5 if scaling is None else scaling
+    q = query.reshape(b, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [b, kv, group, span]
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value).reshape(b, heads, 1, dim)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAMES["sdpa"], row_attention)
+AttentionInterface.register(NAMES["matmul"], row_attention_matmul)
 
 
 @contextmanager
-def swapped(model):
-    """The model's attention set to :func:`row_attention` inside, restored after."""
+def swapped(model, attention: str = "sdpa"):
+    """The model's attention set to the ``attention`` variant inside, restored after."""
     config = model.config
     before = config._attn_implementation
-    config._attn_implementation = NAME
+    config._attn_implementation = NAMES[attention]
     try:
         yield
     finally:

@@ -1,7 +1,9 @@
 """Greedy decoding with continuous batching on a static KV cache (the ``static`` regen engine).
 
-    from pipeline.regen.static_decoder import greedy_decode
+    from pipeline.regen.static_decoder import StaticEngine, greedy_decode
     answers = greedy_decode(model, prompts, max_new_tokens=256, stops={2}, batch_size=512)
+    engine = StaticEngine(model, batch_size=512)         # kept across calls (one per worker)
+    answers = engine.decode(prompts, max_new_tokens=256, stops={2})
 
 Shape (as gpt-fast and vLLM): a KV cache allocated once for ``batch_size`` rows; each row holds
 one request; one decode step runs every row at once at its own position (RoPE position ids, a
@@ -12,6 +14,11 @@ runs through ``static_attention`` (grouped query heads against the cache, no cop
 finished rows (a stop token, or ``max_new_tokens``) are collected and refilled with waiting
 prompts, prefilled together and written into the freed rows: the batch stays full.
 
+:class:`StaticEngine` keeps one :class:`StaticDecoder` (cache and captured graphs) from call to
+call, and builds a larger one (one log line) only when a call needs more rows, columns or new
+tokens than it has; stop tokens and ``max_new_tokens`` are device tensors the graphs read, so
+changing them recaptures nothing.
+
 Each answer holds the generated ids up to and including the first stop token, as a row of
 ``model.generate`` does before its padding; ``pipeline.regen.greedy.cut_at_stop`` cuts it the same.
 """
@@ -19,79 +26,142 @@ Each answer holds the generated ids up to and including the first stop token, as
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Sequence
 
 import torch
 
-from pipeline.regen.static_attention import swapped
 from pipeline.model.cache_keyword import cache_keyword
+from pipeline.regen.static_attention import ATTENTIONS, swapped
 from pipeline.regen.static_cache import RowCache, check_supported
 
 log = logging.getLogger(__name__)
+
+STOP_SLOTS = 8  # stop ids the step compares against (padded with -1); more rebuild the decoder
 
 
 def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   stops: set[int] | Sequence[int], *, batch_size: int,
                   max_length: int | None = None, cuda_graphs: bool = True,
                   sync_every: int = 8, prefill_tokens: int = 16384,
-                  span_bucket: int = 128, refill_rows: int | None = None) -> list[list[int]]:
-    """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order.
-
-    ``max_length`` is the cache's length per row; it must hold the longest prompt plus
-    ``max_new_tokens - 1`` (the last token is never fed back); by default exactly that.
-    ``cuda_graphs`` captures the decode step where the model is on CUDA; on CPU the same
-    step runs uncaptured. ``prefill_tokens`` bounds a prefill group's padded tokens;
-    finished rows are refilled once ``refill_rows`` of them are free (default: 1/32 of the
-    batch) or no more are waiting; attention spans are rounded up to ``span_bucket`` columns
-    (one captured graph per span).
-    """
-    check_supported(model)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if sync_every < 1:
-        raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-    prompts = [list(map(int, p)) for p in prompts]
-    empty = [i for i, p in enumerate(prompts) if not p]
-    if empty:
-        raise ValueError(f"static decoder: prompt {empty[0]} is empty ({len(empty)} empty prompts)")
-    if not prompts:
-        return []
-    need = max(len(p) for p in prompts) + max_new_tokens - 1
-    if max_length is None:
-        max_length = need
-    elif max_length < need:
-        raise ValueError(f"max_length {max_length} cannot hold the longest prompt "
-                         f"({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
-                         f"{max_new_tokens} - 1 = {need}")
-    rows = min(batch_size, len(prompts))
-    refill_rows = max(1, rows // 32) if refill_rows is None else refill_rows
-    if not 1 <= refill_rows <= rows:
-        raise ValueError(f"refill_rows must be in [1, {rows}] (the rows in use), got {refill_rows}")
-    decoder = StaticDecoder(model, rows, max_length, max_new_tokens, stops,
-                            cuda_graphs=cuda_graphs, prefill_tokens=prefill_tokens,
-                            span_bucket=span_bucket)
-    with torch.no_grad(), swapped(model):
-        return decoder.run(prompts, sync_every, refill_rows)
+                  span_bucket: int = 128, refill_rows: int | None = None,
+                  attention: str = "sdpa") -> list[list[int]]:
+    """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order, on
+    a decoder built for this call alone (see :class:`StaticEngine` for the knobs)."""
+    engine = StaticEngine(model, batch_size, cuda_graphs=cuda_graphs, sync_every=sync_every,
+                          prefill_tokens=prefill_tokens, span_bucket=span_bucket,
+                          refill_rows=refill_rows, attention=attention)
+    return engine.decode(prompts, max_new_tokens, stops, max_length=max_length)
 
 
 def _aligned(columns: int, multiple: int = 16) -> int:
     return -(-columns // multiple) * multiple
 
 
+class StaticEngine:
+    """One model's static decoder, kept between calls.
+
+    ``batch_size`` bounds the cache's rows; ``cuda_graphs`` captures the decode step where the
+    model is on CUDA (on CPU the same step runs uncaptured); ``prefill_tokens`` bounds a prefill
+    group's padded tokens; finished rows are refilled once ``refill_rows`` of them are free
+    (default: 1/8 of the rows) or no more are waiting; attention spans are rounded up to
+    ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
+    attention (``static_attention.ATTENTIONS``). ``timing``: wait for the device around
+    prefills and captures, so ``last_stats`` splits setup from decoding (benches).
+    """
+
+    def __init__(self, model, batch_size: int, *, cuda_graphs: bool = True, sync_every: int = 8,
+                 prefill_tokens: int = 16384, span_bucket: int = 128,
+                 refill_rows: int | None = None, attention: str = "sdpa",
+                 timing: bool = False) -> None:
+        check_supported(model)
+        for key, value in (("batch_size", batch_size), ("sync_every", sync_every),
+                           ("prefill_tokens", prefill_tokens), ("span_bucket", span_bucket)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: allowed {', '.join(ATTENTIONS)}")
+        self.model, self.batch_size = model, batch_size
+        self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
+        self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
+        self.refill_rows, self.attention, self.timing = refill_rows, attention, timing
+        self.decoder: StaticDecoder | None = None
+        self.builds = 0
+        self.last_stats: dict = {}
+
+    def decode(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+               stops: set[int] | Sequence[int], *, max_length: int | None = None
+               ) -> list[list[int]]:
+        """Each prompt's greedy answer, in prompt order. ``max_length`` (the cache's columns
+        per row) must hold the longest prompt plus ``max_new_tokens - 1`` (the last token is
+        never fed back); by default exactly that, grown as later calls need."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        prompts = [list(map(int, p)) for p in prompts]
+        empty = [i for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise ValueError(f"static decoder: prompt {empty[0]} is empty ({len(empty)} empty prompts)")
+        if not prompts:
+            return []
+        need = max(len(p) for p in prompts) + max_new_tokens - 1
+        if max_length is not None and max_length < need:
+            raise ValueError(f"max_length {max_length} cannot hold the longest prompt "
+                             f"({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
+                             f"{max_new_tokens} - 1 = {need}")
+        stops = sorted({int(s) for s in stops})
+        decoder = self._fit(min(self.batch_size, len(prompts)), max_length or need,
+                            max_new_tokens, stops)
+        refill = max(1, decoder.rows // 8) if self.refill_rows is None else self.refill_rows
+        if not 1 <= refill <= decoder.rows:
+            raise ValueError(f"refill_rows must be in [1, {decoder.rows}] (the rows in use), "
+                             f"got {refill}")
+        with torch.no_grad(), swapped(self.model, self.attention):
+            answers = decoder.run(prompts, self.sync_every, refill)
+        self.last_stats = dict(decoder.stats, builds=self.builds)
+        return answers
+
+    def _fit(self, rows: int, length: int, max_new: int, stops: list[int]) -> "StaticDecoder":
+        """The kept decoder when it has room for this call (stops and the new-token limit set
+        in place), else a larger one built in its stead."""
+        old = self.decoder
+        if (old is not None and old.rows >= rows and old.capacity >= length
+                and old.out.shape[1] > max_new and len(stops) <= old.stops.numel()):
+            old.set_limits(max_new, stops)
+            return old
+        if old is not None:
+            rows, length = max(rows, old.rows), max(length, old.max_length)
+            max_new = max(max_new, old.out.shape[1] - 1)
+            self.decoder = old = None  # its cache freed before the new one is allocated
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        # Columns rounded up to a span bucket: a later call with a slightly longer prompt
+        # then fits, instead of costing a new cache and new captures.
+        length = _aligned(length, self.span_bucket)
+        self.decoder = StaticDecoder(self.model, rows, length, max_new, stops,
+                                     cuda_graphs=self.cuda_graphs,
+                                     prefill_tokens=self.prefill_tokens,
+                                     span_bucket=self.span_bucket, timing=self.timing)
+        self.builds += 1
+        if self.builds > 1:
+            log.info("static decoder: rebuilt for %d rows x %d columns, %d new tokens, %d stop "
+                     "ids (build %d): its graphs are captured again", rows,
+                     self.decoder.capacity, max_new, len(stops), self.builds)
+        return self.decoder
+
+
 class StaticDecoder:
     """The cache, the per-row state on device, and the decode step (captured or not)."""
 
     def __init__(self, model, rows: int, max_length: int, max_new_tokens: int, stops,
-                 *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int):
+                 *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int,
+                 timing: bool = False):
         self.model, self.body, self.head = model, model.base_model, model.get_output_embeddings()
         self.cache_kw = cache_keyword(self.body)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.rows, self.max_length, self.max_new = rows, max_length, max_new_tokens
-        self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
+        self.rows, self.max_length = rows, max_length
+        self.prefill_tokens, self.span_bucket, self.timing = prefill_tokens, span_bucket, timing
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         if cuda_graphs and not self.use_graphs:
             log.info("static decoder: model on %s, decode step runs uncaptured", self.device)
@@ -100,17 +170,27 @@ class StaticDecoder:
         self.capacity = _aligned(max_length)
         self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device)
         dev = self.device
-        stop_list = sorted({int(s) for s in stops}) or [-1]  # -1: no token ever matches
-        self.stops = torch.tensor(stop_list, device=dev)
         # Per-row state, updated in place by the step so that a captured graph sees it.
         self.ids = torch.zeros(rows, dtype=torch.long, device=dev)       # token fed next
         self.pos = torch.zeros(rows, dtype=torch.long, device=dev)       # its position
         self.n_gen = torch.zeros(rows, dtype=torch.long, device=dev)     # tokens generated
         self.done = torch.ones(rows, dtype=torch.bool, device=dev)       # finished or empty
         self.out = torch.zeros(rows, max_new_tokens + 1, dtype=torch.long, device=dev)
+        # The call's limits, read by the captured step from these buffers.
+        self.stops = torch.full((max(STOP_SLOTS, len(stops)),), -1, dtype=torch.long, device=dev)
+        self.limit = torch.zeros((), dtype=torch.long, device=dev)
+        self.set_limits(max_new_tokens, stops)
         self.columns = torch.arange(self.capacity, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.stats: dict = {}
+
+    def set_limits(self, max_new_tokens: int, stops: Sequence[int]) -> None:
+        """This call's ``max_new_tokens`` and stop ids (-1 pads: no token ever matches)."""
+        assert max_new_tokens < self.out.shape[1] and len(stops) <= self.stops.numel()
+        self.max_new = max_new_tokens
+        self.limit.fill_(max_new_tokens)
+        self.stops.copy_(torch.tensor(list(stops) + [-1] * (self.stops.numel() - len(stops))))
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -119,10 +199,15 @@ class StaticDecoder:
         # when the batch empties, is made of the cheapest requests.
         waiting = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
         owner: list[int | None] = [None] * self.rows   # which prompt each row holds
+        # Each owned row's position, known on the host: a live row moves one column a step,
+        # and rows are collected (freed) at every sync, so the next span needs no transfer.
+        self.host_pos = [0] * self.rows
         answers: list[list[int] | None] = [None] * len(prompts)
+        self.stats = {"prefill_s": 0.0, "prefill_calls": 0, "capture_s": 0.0, "captures": 0,
+                      "steps": 0, "syncs": 0}
+        start = time.perf_counter()
         # Refill once a few rows are free, not at every sync: an idle row costs a step almost
         # nothing, while each prefill call has a fixed cost (it is not captured).
-        steps = 0
         while True:
             self._collect(owner, answers)
             free = [r for r in range(self.rows) if owner[r] is None]
@@ -131,36 +216,53 @@ class StaticDecoder:
                 self._prefill(free[:len(take)], [prompts[i] for i in take])
                 for r, i in zip(free, take):
                     owner[r] = i
+                    self.host_pos[r] = len(prompts[i])
                 continue  # a prompt may finish at its first token: collect again
             if all(o is None for o in owner):
                 break
-            span = self._span(sync_every)
+            span = self._span(owner, sync_every)
             for _ in range(sync_every):
                 self._step_once(span)
-            steps += sync_every
+            for r in range(self.rows):
+                self.host_pos[r] += sync_every
+            self.stats["steps"] += sync_every
+        self.stats["wall_s"] = time.perf_counter() - start
+        self.stats["graphs"] = len(self.graphs)
         log.info("static decoder: %d prompts, %d decode steps of %d rows, %d span graphs",
-                 len(prompts), steps, self.rows, len(self.graphs))
+                 len(prompts), self.stats["steps"], self.rows, len(self.graphs))
         assert all(a is not None for a in answers)
         return answers  # type: ignore[return-value]
 
     def _collect(self, owner: list[int | None], answers: list) -> None:
-        """Answers of finished rows copied out (one transfer), their rows freed."""
+        """Answers of finished rows copied out, their rows freed: one transfer to learn which
+        rows finished, one for their tokens and counts."""
         done = self.done.tolist()
+        self.stats["syncs"] += 1
         rows = [r for r in range(self.rows) if done[r] and owner[r] is not None]
         if not rows:
             return
         index = torch.tensor(rows, device=self.device)
-        tokens, counts = self.out[index].tolist(), self.n_gen[index].tolist()
-        for r, row_tokens, n in zip(rows, tokens, counts):
+        found = torch.cat([self.n_gen[index, None], self.out[index]], dim=1).tolist()
+        for r, (n, *row_tokens) in zip(rows, found):
             answers[owner[r]] = row_tokens[:n]
             owner[r] = None
 
-    def _span(self, steps: int) -> int:
-        """Columns the next ``steps`` decode steps attend to, rounded up to a bucket."""
-        live = ~self.done
-        top = int(torch.where(live, self.pos, 0).max()) + steps + 1
+    def _span(self, owner: list[int | None], steps: int) -> int:
+        """Columns the next ``steps`` decode steps attend to, rounded up to a bucket: the
+        furthest live row's position plus ``steps`` (every owned row is live after a collect)."""
+        top = max(p for p, o in zip(self.host_pos, owner) if o is not None) + steps + 1
         span = -(-top // self.span_bucket) * self.span_bucket
         return min(span, self.capacity)
+
+    def _timed(self, key: str, fn) -> None:
+        """``fn()``, its seconds added to ``stats[key]`` (the device waited for if ``timing``)."""
+        if self.timing and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        fn()
+        if self.timing and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stats[key] = self.stats.get(key, 0.0) + time.perf_counter() - t0
 
     # ---- prefill ---------------------------------------------------------------------------
 
@@ -174,7 +276,9 @@ class StaticDecoder:
                 if end > start and width_next * (end - start + 1) > self.prefill_tokens:
                     break
                 width, end = width_next, end + 1
-            self._prefill_group(rows[start:end], prompts[start:end], width)
+            group = (rows[start:end], prompts[start:end], width)
+            self._timed("prefill_s", lambda: self._prefill_group(*group))
+            self.stats["prefill_calls"] = self.stats.get("prefill_calls", 0) + 1
             start = end
 
     def _prefill_group(self, rows: list[int], prompts: list[list[int]], width: int) -> None:
@@ -225,7 +329,7 @@ class StaticDecoder:
         # Column n_gen <= max_new exists (one spare column): a finished row writes junk there.
         self.out[self.cache.row_ids, self.n_gen] = token
         self.n_gen.add_(live.long())
-        self.done.logical_or_(live & (self._is_stop(token) | (self.n_gen >= self.max_new)))
+        self.done.logical_or_(live & (self._is_stop(token) | (self.n_gen >= self.limit)))
         self.pos.add_((~self.done).long())
         self.ids.copy_(token)
 
@@ -234,7 +338,8 @@ class StaticDecoder:
             self._step(span)
             return
         if span not in self.graphs:
-            self.graphs[span] = self._capture(span)
+            self._timed("capture_s", lambda: self.graphs.__setitem__(span, self._capture(span)))
+            self.stats["captures"] = self.stats.get("captures", 0) + 1
         self.graphs[span].replay()
 
     def _capture(self, span: int) -> "torch.cuda.CUDAGraph":

@@ -1,21 +1,68 @@
 """bench.h200_decode at the tiny scale on CPU: the GGUF goes through the pipeline's conversion,
 each run in its own process, and the gathered figures say what the runs measured (fp32: the
-static engine answers as generate does, the two evaluators give the same tau and outputs)."""
+static engine answers as generate does, the two evaluators give the same tau and outputs; the
+sustained run decodes more prompts than rows on one engine; the step timing and its profile)."""
 
 import json
+
+import pytest
 
 from bench import h200_decode
 
 
 def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
-    out = tmp_path / "decode.json"
-    result = h200_decode.main(["--scale", "tiny", "--only", "smol_static,cpu_eval_equal",
-                               "--out", str(out), "--logs", str(tmp_path / "logs")])
+    out, logs = tmp_path / "decode.json", tmp_path / "logs"
+    result = h200_decode.main(["--scale", "tiny", "--only", "smol_static",
+                               "--budget-s", "3000", "--out", str(out), "--logs", str(logs)])
     assert json.loads(out.read_text()) == result
-    assert set(result["runs"]) == {"smol_static", "cpu_eval_equal"}
+    assert set(result["runs"]) == {"smol_static"}
     smol = result["smollm2_135m"]
     assert smol["regen_tokens_per_s"] > 0 and smol["hf_generate_tokens_per_s"] > 0
     assert smol["regen_identical_to_hf_share"] == 1.0
     assert smol["cb_tokens_per_s"] is None  # not run: no figure is made up for it
-    assert result["eval_tau_equal"] is True
+    assert result["eval_tau_equal"] is None  # not run either
+    # Sustained: 10 prompts through 4 rows of one engine, built once (the first wave's).
+    run = result["runs"]["smol_static"]
+    sustained = run["sustained"]
+    assert sustained["prompts"] == 10 and sustained["batch"] == 4 and sustained["builds"] == 1
+    assert sustained["generated_tokens"] > 0 and smol["regen_sustained_tokens_per_s"] > 0
+    assert sustained["timed"]["prefill_calls"] >= 2  # refills: more prompts than rows
+    assert sustained["timed"]["steps"] > 0 and sustained["timed"]["decode_s"] > 0
+    # The prompts past HumanEval's two come from stdlib APIs, none repeated.
+    assert run["prompt_source"] == {"humaneval": 2, "stdlib_api": 8, "repeated": 0}
+    step = run["step"]["4"]["variants"]
+    assert set(step) == {"sdpa", "matmul"}
+    for figures in step.values():
+        assert figures["uncaptured_ms"] > 0 and figures["ceiling_ms"] > 0
+        assert "captured_ms" not in figures  # CPU: nothing captured, nothing claimed
+    profile = (logs / "smol_step_profile.txt").read_text()
+    assert "== sdpa: 3 uncaptured decode steps" in profile and "aten::" in profile
+    assert set(smol["decode_step_ms"]) == {"4 rows, sdpa", "4 rows, matmul"}
+
+
+def test_cpu_equality_run_in_the_background(tmp_path):
+    """The CPU-only run starts beside the others (no GGUF needed, none converted)."""
+    out = tmp_path / "decode.json"
+    result = h200_decode.main(["--scale", "tiny", "--only", "cpu_eval_equal", "--budget-s",
+                               "3000", "--out", str(out), "--logs", str(tmp_path / "logs")])
+    assert result["eval_tau_equal"] is True and result["target_folder"] is None
+    assert json.loads(out.read_text()) == result
+
+
+def test_a_spent_budget_skips_runs_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
+    out = tmp_path / "decode.json"
+    with pytest.raises(SystemExit):
+        h200_decode.main(["--scale", "tiny", "--only", "smol_static", "--budget-s", "1",
+                          "--out", str(out), "--logs", str(tmp_path / "logs")])
+    result = json.loads(out.read_text())
+    assert "budget left" in result["runs"]["smol_static"]["skipped"]
+    assert result["smollm2_135m"]["regen_tokens_per_s"] is None
+
+
+def test_unknown_run_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
+    with pytest.raises(SystemExit, match="--only nope: allowed q8b_static, q8b_beside, smol_static"):
+        h200_decode.main(["--scale", "tiny", "--only", "nope", "--out", str(tmp_path / "o.json"),
+                          "--logs", str(tmp_path / "logs")])

@@ -21,10 +21,11 @@ def _tiny_llama(path):
     return path
 
 
-def _generate(model, prompt, stops):
+def _generate(model, prompt, stops, max_new=MAX_NEW):
     ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=MAX_NEW, eos_token_id=sorted(stops), pad_token_id=0)
+                         max_new_tokens=max_new, eos_token_id=sorted(stops) or None,
+                         pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
@@ -47,3 +48,34 @@ def test_graphs_equal_eager_and_generate(tmp_path, device, on_cuda):
     assert captured == eager
     assert captured == want
     assert len({len(a) for a in want}) >= 2
+
+
+
+def test_one_engine_reuses_its_graphs_across_calls(tmp_path, device, on_cuda):
+    """A kept engine (as a regeneration worker keeps it): later calls with other prompts,
+    stops and limits run on the first call's cache and graphs (no new build), and every
+    answer still equals generate's; the first call's prompts again capture nothing new.
+    Both decode-step attention variants."""
+    from pipeline.regen.static_decoder import StaticEngine
+
+    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=torch.float32)
+    model = model.to(device).eval()
+    model.generation_config.eos_token_id = None
+    g = torch.Generator().manual_seed(5)
+    first = [torch.randint(0, 96, (n,), generator=g).tolist()
+             for n in torch.randint(1, 40, (8,), generator=g).tolist()]
+    first.append([i % 96 for i in range(39)])  # the longest any call brings
+    second = [p[:12] for p in first[:4]]
+    with torch.no_grad():
+        free = [_generate(model, p, set()) for p in first]
+    calls = [(first, {free[0][3]}, MAX_NEW), (second, {free[1][5], free[2][2]}, 7),
+             (first, {free[0][3]}, MAX_NEW)]
+    for attention in ("sdpa", "matmul"):
+        engine = StaticEngine(model, 4, sync_every=3, span_bucket=16, attention=attention)
+        for prompts, stops, max_new in calls:
+            with torch.no_grad():
+                want = [_generate(model, p, stops, max_new) for p in prompts]
+            assert engine.decode(prompts, max_new, stops) == want
+        assert engine.builds == 1
+        if on_cuda:
+            assert engine.last_stats["captures"] == 0 and engine.last_stats["graphs"] >= 2

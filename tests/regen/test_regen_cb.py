@@ -92,8 +92,15 @@ def test_static_engine_stores_the_same_records_as_generate(workers):
     _, plain, static = workers
     assert static.engine == "static"
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
-    assert [(r.messages, r.turns) for r in static.generate(requests)] == [
-        (r.messages, r.turns) for r in plain.generate(requests)]
+    want = [(r.messages, r.turns) for r in plain.generate(requests)]
+    assert [(r.messages, r.turns) for r in static.generate(requests)] == want
+    # The worker keeps its decoder (cache, graphs) for later calls: a call in two parts,
+    # in another order, answers alike on the same decoder.
+    decoder = static.static.decoder
+    parts = static.generate(requests[3:]) + static.generate(requests[:3])
+    assert sorted((r.line_index, r.messages, r.turns) for r in parts) == sorted(
+        (i, m, t) for i, (m, t) in enumerate(want))
+    assert static.static.decoder is decoder
 
 
 def test_static_engine_falls_back_in_one_line_for_a_family_it_cannot_serve(caplog):

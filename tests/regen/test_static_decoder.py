@@ -124,3 +124,41 @@ def test_refusals(model_dirs, tmp_path):
     with pytest.raises(ValueError, match="sliding-window"):
         greedy_decode(_load(sliding), [[1]], 2, {0}, batch_size=1)
     assert greedy_decode(model, [], 4, {0}, batch_size=2) == []
+
+
+
+def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
+    """One engine, several calls with other prompts, stops and limits: every answer equals
+    generate's; the decoder (cache, graphs) is built once while calls fit it, and once more,
+    said in one line, when a call needs more columns than it has."""
+    from pipeline.regen.static_decoder import StaticEngine
+
+    model = _load(model_dirs["qwen3"])
+    engine = StaticEngine(model, batch_size=4, sync_every=2, cuda_graphs=False, span_bucket=16)
+    first = _prompts(9, seed=11)
+    stops = _stops_for(model, first)
+    _assert_same(engine.decode(first, MAX_NEW, stops), _reference(model, first, stops))
+    decoder = engine.decoder
+    short = [p[:6] for p in _prompts(3, seed=12)]  # fewer prompts than rows
+    other = _stops_for(model, short)  # other stops, a lower limit
+    _assert_same(engine.decode(short, 6, other), [_generate(model, p, 6, other) for p in short])
+    _assert_same(engine.decode(first, MAX_NEW, stops), _reference(model, first, stops))
+    assert engine.decoder is decoder and engine.builds == 1
+    longer = [p + p + p for p in _prompts(5, seed=13)]  # up to 90 tokens: more columns
+    assert max(map(len, longer)) + MAX_NEW - 1 > decoder.capacity
+    with caplog.at_level("INFO", logger="pipeline.regen.static_decoder"):
+        _assert_same(engine.decode(longer, MAX_NEW, set()), _reference(model, longer, set()))
+        _assert_same(engine.decode(short, 6, other), [_generate(model, p, 6, other) for p in short])
+    assert engine.builds == 2 and engine.decoder is not decoder
+    assert sum("rebuilt" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_matmul_attention_equals_generate(model_dirs):
+    """The decode step's other attention variant (two matmuls, fp32 softmax): the same answers."""
+    model = _load(model_dirs["qwen3"])
+    prompts = _prompts(6, seed=7)
+    stops = _stops_for(model, prompts)
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, cuda_graphs=False,
+                               attention="matmul"), _reference(model, prompts, stops))
+    with pytest.raises(ValueError, match="attention 'flash': allowed sdpa, matmul"):
+        greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, attention="flash")

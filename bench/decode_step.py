@@ -1,0 +1,176 @@
+"""One decode step of the static engine alone: ms/step at a batch, beside the step's datasheet
+ceiling, and (``profile``) where an uncaptured step's time goes.
+
+Used by ``bench.decode_static`` (``--step-rows``, ``--profile``): the engine's rows are all
+filled with prompts (no stop tokens: every row live), then the step is timed at one attention
+span, captured (CUDA graph replays, the engine's own path) and uncaptured (the same kernels
+plus Python's launch cost), for each decode attention variant asked for. The ceiling is what
+the step must read and compute at that span: weights (the input embedding excepted: it is
+gathered, not read) plus every row's K/V columns up to the span, against 4.8 TB/s, and 2 FLOPs
+a weight a row plus attention against 989 TFLOP/s (H200 datasheet, dense bf16). The useful
+share of the K/V read (columns a row actually has, the rest are masked) is reported too.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from pipeline.regen.static_attention import swapped
+from pipeline.regen.static_decoder import StaticDecoder
+
+HBM_BYTES_PER_S = 4.8e12   # H200 datasheet
+DENSE_BF16_FLOPS = 989e12  # H200 datasheet
+
+
+def ceiling(model, rows: int, span: int, mean_columns: float) -> dict:
+    """The step's bytes and FLOPs at ``span`` and the time they take at the datasheet rates."""
+    cfg = model.config
+    embed = model.get_input_embeddings().weight
+    tied = embed is model.get_output_embeddings().weight
+    params = sum(p.numel() for p in model.parameters())
+    read_params = params - (0 if tied else embed.numel())
+    elem = next(model.parameters()).element_size()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_column = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * elem
+    kv = rows * span * per_column
+    flops = (2 * (params - embed.numel() * (not tied)) * rows
+             + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * span * rows)
+    weights = read_params * elem
+    return {"weight_gb": weights / 1e9, "kv_read_gb": kv / 1e9,
+            "kv_useful_share": mean_columns / span, "tflop": flops / 1e12,
+            "ceiling_ms": 1e3 * max((weights + kv) / HBM_BYTES_PER_S, flops / DENSE_BF16_FLOPS),
+            "bandwidth_ms": 1e3 * (weights + kv) / HBM_BYTES_PER_S,
+            "compute_ms": 1e3 * flops / DENSE_BF16_FLOPS}
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int) -> StaticDecoder:
+    """A decoder whose ``rows`` rows all hold a prompt (cycled) and stay live for ``steps``."""
+    chosen = [list(prompts[i % len(prompts)]) for i in range(rows)]
+    longest = max(map(len, chosen))
+    decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
+                            prefill_tokens=16384, span_bucket=128)
+    decoder.stats = {}
+    with swapped(model):
+        decoder._prefill(list(range(rows)), chosen)
+    return decoder
+
+
+def _table(prof, device) -> str:
+    keys = (("self_device_time_total", "self_cuda_time_total") if device.type == "cuda"
+            else ("self_cpu_time_total",))
+    for key in keys:
+        try:
+            return prof.key_averages().table(sort_by=key, row_limit=40)
+        except (AttributeError, KeyError, ValueError, RuntimeError):
+            continue
+    return prof.key_averages().table(row_limit=40)
+
+
+def _profiled(fn, device, title: str) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    return f"== {title}\n{_table(prof, device)}\n"
+
+
+def sdpa_backends(decoder: StaticDecoder, span: int) -> dict:
+    """Which fused SDPA kernels accept the decode step's attention call as the ``sdpa``
+    variant makes it (grouped queries against the cache's strided slice, the additive float
+    mask), on this device; each refusal's reasons as PyTorch states them (CUDA only)."""
+    if decoder.device.type != "cuda":
+        return {"checked": False, "why": "not on CUDA"}
+    import warnings
+
+    cfg = decoder.model.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    keys = decoder.cache.key_buffers[0][:, :, :span]
+    query = torch.zeros(decoder.rows, kv, heads // kv, keys.shape[-1], dtype=keys.dtype,
+                        device=keys.device)
+    visible = decoder.columns[None, :span] <= decoder.pos[:, None]
+    mask = decoder._additive(visible[:, None, None])
+    found: dict = {"checked": True, "key_strides": list(keys.stride()),
+                   "key_contiguous": keys.is_contiguous()}
+    backends = torch.backends.cuda
+    for name in ("flash", "efficient", "cudnn"):
+        check = getattr(backends, f"can_use_{name}_attention", None)
+        if check is None:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                params = backends.SDPAParams(query, keys, keys, mask, 0.0, False, False)
+                found[name] = bool(check(params, True))
+            except Exception as e:  # another signature in another version: say so
+                found[name] = f"not checked: {type(e).__name__}: {e}"
+        found[f"{name}_why_not"] = [str(w.message) for w in caught][:4]
+    return found
+
+
+@torch.no_grad()
+def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
+                attentions: Sequence[str] = ("sdpa",), steps: int = 20,
+                profile: Optional[Path] = None) -> dict:
+    """ms/step at ``rows`` for each attention variant (captured where on CUDA, and uncaptured),
+    with the datasheet ceiling; ``profile``: the top kernels of 3 uncaptured steps (and of 3
+    replays) per variant, written to that file as each variant ends. The variants run one
+    after another on one decoder filled once (a prefill of ``rows`` prompts)."""
+    device = next(model.parameters()).device
+    per_variant = 2 * steps + 10  # steps a variant moves every row: warm-ups, timed, profiled
+    decoder = _filled(model, prompts, rows, len(attentions) * per_variant)
+    out: dict = {"rows": rows, "steps_timed": steps, "variants": {}}
+    tables = []
+    for attention in attentions:
+        base = int(decoder.pos.max())
+        span = -(-(base + per_variant + 1) // decoder.span_bucket) * decoder.span_bucket
+        span = min(span, decoder.capacity)
+        mean = float(decoder.pos.float().mean()) + per_variant / 2
+        figures = {"span": span, **ceiling(model, rows, span, mean)}
+        if attention == "sdpa":
+            figures["sdpa_backends"] = sdpa_backends(decoder, span)
+        with swapped(model, attention):
+            decoder._step(span)  # warm-up: kernels pick their algorithms
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps // 2):
+                decoder._step(span)
+            _sync(device)
+            figures["uncaptured_ms"] = 1e3 * (time.perf_counter() - t0) / (steps // 2)
+            if device.type == "cuda":
+                graph = decoder._capture(span)  # its warm-ups move no row (state put back)
+                graph.replay()
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    graph.replay()
+                _sync(device)
+                figures["captured_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+                figures["tokens_per_s_at_step"] = rows / figures["captured_ms"] * 1e3
+            if profile is not None:
+                tables.append(_profiled(lambda: [decoder._step(span) for _ in range(3)], device,
+                                        f"{attention}: 3 uncaptured decode steps, {rows} rows, "
+                                        f"span {span}"))
+                if device.type == "cuda":
+                    tables.append(_profiled(lambda: [graph.replay() for _ in range(3)], device,
+                                            f"{attention}: 3 captured replays"))
+                profile.parent.mkdir(parents=True, exist_ok=True)
+                profile.write_text("".join(tables))
+                out["profile"] = str(profile)
+        best = figures.get("captured_ms", figures["uncaptured_ms"])
+        figures["ceiling_share"] = figures["ceiling_ms"] / best
+        out["variants"][attention] = figures
+    decoder = None  # its cache freed before empty_cache
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out

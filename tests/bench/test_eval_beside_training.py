@@ -1,0 +1,22 @@
+"""bench.eval_beside_training at the tiny shape on CPU: a trainer and an evaluator, two
+processes, go through every phase (alone, then beside the evaluator at each duty), and the
+result says what each did."""
+
+import json
+
+from bench import eval_beside_training
+
+
+def test_trainer_times_steps_alone_and_beside_a_running_evaluator(tmp_path):
+    out = tmp_path / "beside.json"
+    result = eval_beside_training.main([
+        "--shape", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+        "--duties", "0.5,1.0", "--eval-prompts", "2", "--eval-batch", "2",
+        "--eval-new-tokens", "4", "--work", str(tmp_path / "work"), "--out", str(out),
+        "--timeout", "600"])
+    assert json.loads(out.read_text()) == result and "error" not in result
+    assert set(result["phases"]) == {"alone", "beside_duty_0.5", "beside_duty_1.0"}
+    assert all(p["steps"] == 2 and p["median_ms"] > 0 for p in result["phases"].values())
+    assert set(result["slowdown_vs_alone"]) == {"beside_duty_0.5", "beside_duty_1.0"}
+    # The evaluator was decoding during each beside phase (rounds after its start signal).
+    assert all(result["evaluator"][d]["rounds"] >= 1 for d in ("0.5", "1.0"))
