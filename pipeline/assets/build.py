@@ -34,6 +34,21 @@ TARGET_DIR = "target"
 
 
 @contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' "Writing model shards" bar for a 2 MB model is noise in the demo's first
+    run; the caller's setting is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextmanager
 def _all_cores() -> Iterator[None]:
     """Use every core this process may run on, then restore the caller's setting."""
     before = torch.get_num_threads()
@@ -65,8 +80,9 @@ def build_tiny_assets(out_dir: str, recipe: TinyRecipe = TinyRecipe()) -> dict:
         losses = train_target(model, tokenizer, stream, recipe)
         lap("train_target")
         target_dir = os.path.join(out_dir, TARGET_DIR)
-        model.save_pretrained(target_dir)
-        tokenizer.save_pretrained(target_dir)
+        with _no_progress_bars():
+            model.save_pretrained(target_dir)
+            tokenizer.save_pretrained(target_dir)
         data = write_chat_data(model, tokenizer, streams, out_dir, recipe)
         lap("generate_data")
     manifest = {
