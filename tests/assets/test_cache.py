@@ -101,10 +101,11 @@ def test_a_build_of_another_recipe_under_this_version_is_refused(tmp_path, fake_
     # would otherwise hand out the old build as if it were the new recipe's.
     stale = tmp_path / "stale"
     stale.mkdir()
+    steps = RECIPE["train_steps"]
     (stale / "manifest.json").write_text(json.dumps(
-        {"version": ASSETS_VERSION, "recipe": dict(RECIPE, train_steps=RECIPE["train_steps"] + 1)}))
-    with pytest.raises(ValueError, match=rf"another recipe \(train_steps {RECIPE['train_steps'] + 1} "
-                                         rf"-> {RECIPE['train_steps']}\); delete the directory"):
+        {"version": ASSETS_VERSION, "recipe": dict(RECIPE, train_steps=steps + 1)}))
+    with pytest.raises(ValueError, match=rf"another recipe \(train_steps {steps + 1} -> {steps}\); "
+                                         r"delete the directory"):
         ensure_tiny_assets(str(stale))
     assert fake_build == []
     (stale / "manifest.json").write_text(json.dumps({"version": ASSETS_VERSION, "recipe": RECIPE}))
