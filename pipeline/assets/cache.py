@@ -81,7 +81,7 @@ def _build_atomically(root: str) -> None:
     if os.path.exists(root) and os.listdir(root):
         raise ValueError(f"{root} exists but holds no finished asset build ({MANIFEST} is "
                          f"missing); delete it or set {ENV_VAR} to another directory")
-    log.info("building the tiny DFlash demo assets in %s (once; about a minute)", root)
+    log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.building-",
                            dir=os.path.dirname(root))
     try:
