@@ -54,8 +54,8 @@ def _one_thread() -> Iterator[None]:
 
     The tiny target's ops (hidden size 64) are too small for a second thread to pay for its
     synchronisation, and on a machine that other work keeps busy two spinning threads were
-    several times slower (a build that takes a minute of CPU with one thread used more than
-    that before reaching its 50th target step with two, at a load of 17).
+    several times slower (a build that takes 45 s of CPU with one thread had used 61 s, and
+    not reached its 50th target step, with two at a load of 17).
     """
     before = torch.get_num_threads()
     torch.set_num_threads(1)
