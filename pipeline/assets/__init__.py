@@ -1,7 +1,7 @@
 """The embedded demo: a tiny Qwen3 target, its tokenizer and chat data, built locally.
 
 Nothing is downloaded and nothing is built at import; :func:`ensure_tiny_assets` builds once
-(about a minute on two cores) and caches the result.
+(under a minute of one core) and caches the result.
 """
 
 from pipeline.assets.cache import TinyAssets, default_assets_dir, ensure_tiny_assets

@@ -34,10 +34,31 @@ TARGET_DIR = "target"
 
 
 @contextmanager
-def _all_cores() -> Iterator[None]:
-    """Use every core this process may run on, then restore the caller's setting."""
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' "Writing model shards" bar for a 2 MB model is noise in the demo's first
+    run; the caller's setting is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One torch thread, then the caller's setting back.
+
+    The tiny target's ops (hidden size 64) are too small for a second thread to pay for its
+    synchronisation, and on a machine that other work keeps busy two spinning threads were
+    several times slower (a build that takes 45 s of CPU with one thread had used 61 s, and
+    not reached its 50th target step, with two at a load of 17).
+    """
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    torch.set_num_threads(1)
     try:
         yield
     finally:
@@ -52,7 +73,7 @@ def build_tiny_assets(out_dir: str, recipe: TinyRecipe = TinyRecipe()) -> dict:
     def lap(name: str) -> None:
         timings[name] = round(time.perf_counter() - start - sum(timings.values()), 2)
 
-    with _all_cores():
+    with _one_thread():
         topics = pydoc_topics()
         tokenizer = build_tokenizer([text for _, text in topics], recipe.vocab_size)
         corpus = target_corpus(topics, recipe.target_corpus_chars, recipe.seed)
@@ -65,8 +86,9 @@ def build_tiny_assets(out_dir: str, recipe: TinyRecipe = TinyRecipe()) -> dict:
         losses = train_target(model, tokenizer, stream, recipe)
         lap("train_target")
         target_dir = os.path.join(out_dir, TARGET_DIR)
-        model.save_pretrained(target_dir)
-        tokenizer.save_pretrained(target_dir)
+        with _no_progress_bars():
+            model.save_pretrained(target_dir)
+            tokenizer.save_pretrained(target_dir)
         data = write_chat_data(model, tokenizer, streams, out_dir, recipe)
         lap("generate_data")
     manifest = {
@@ -77,7 +99,7 @@ def build_tiny_assets(out_dir: str, recipe: TinyRecipe = TinyRecipe()) -> dict:
         "target_loss_first_last": [round(losses[0], 3), round(losses[-1], 3)],
         "data": data, "timings_s": timings,
         "build_time_s": round(time.perf_counter() - start, 2),
-        "torch": torch.__version__, "threads": len(os.sched_getaffinity(0)),
+        "torch": torch.__version__, "threads": 1,
     }
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)

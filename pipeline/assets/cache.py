@@ -15,12 +15,12 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterator, Optional
 
 from pipeline.assets.build import MANIFEST, TARGET_DIR, build_tiny_assets
 from pipeline.assets.chat_data import DATA_FILES
-from pipeline.assets.recipe import ASSETS_VERSION
+from pipeline.assets.recipe import ASSETS_VERSION, TinyRecipe
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _build_atomically(root: str) -> None:
     if os.path.exists(root) and os.listdir(root):
         raise ValueError(f"{root} exists but holds no finished asset build ({MANIFEST} is "
                          f"missing); delete it or set {ENV_VAR} to another directory")
-    log.info("building the tiny DFlash demo assets in %s (once; about a minute)", root)
+    log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.building-",
                            dir=os.path.dirname(root))
     try:
@@ -94,8 +94,19 @@ def _build_atomically(root: str) -> None:
 
 
 def _check_version(root: str) -> None:
+    """Refuse a build of another version, or of another recipe under this version (a recipe
+    changed without bumping ASSETS_VERSION would otherwise be served from a stale cache)."""
     with open(os.path.join(root, MANIFEST)) as f:
-        version = json.load(f).get("version")
+        manifest = json.load(f)
+    version = manifest.get("version")
     if version != ASSETS_VERSION:
         raise ValueError(f"{root} holds tiny assets version {version!r}, this code needs "
                          f"{ASSETS_VERSION!r}; delete the directory to rebuild it")
+    built = manifest.get("recipe") or {}
+    wanted = json.loads(json.dumps(asdict(TinyRecipe())))  # tuples as JSON lists
+    changed = sorted(k for k in built.keys() | wanted.keys() if built.get(k) != wanted.get(k))
+    if changed:
+        diff = ", ".join(f"{k} {built.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
+        raise ValueError(f"{root} holds tiny assets {version!r} of another recipe ({diff}); "
+                         f"delete the directory to rebuild it (a recipe change must bump "
+                         f"ASSETS_VERSION in pipeline/assets/recipe.py)")

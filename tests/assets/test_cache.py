@@ -1,5 +1,6 @@
 """Caching, locking and path resolution, with a fake (instant) build."""
 
+import dataclasses
 import json
 import os
 import threading
@@ -8,7 +9,9 @@ import time
 import pytest
 
 from pipeline.assets import cache, ensure_tiny_assets, resolve_data_path, resolve_target_path
-from pipeline.assets.recipe import ASSETS_VERSION
+from pipeline.assets.recipe import ASSETS_VERSION, TinyRecipe
+
+RECIPE = json.loads(json.dumps(dataclasses.asdict(TinyRecipe())))
 
 
 @pytest.fixture
@@ -20,7 +23,7 @@ def fake_build(monkeypatch):
         calls.append(out_dir)
         time.sleep(0.2)  # long enough for concurrent callers to overlap
         with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-            json.dump({"version": ASSETS_VERSION, "build_time_s": 0.2}, f)
+            json.dump({"version": ASSETS_VERSION, "recipe": RECIPE, "build_time_s": 0.2}, f)
         return {"build_time_s": 0.2}
 
     monkeypatch.setattr(cache, "build_tiny_assets", build)
@@ -91,3 +94,19 @@ def test_foreign_directory_and_old_version_are_refused(tmp_path, fake_build):
     with pytest.raises(ValueError, match="version 'tiny-v0'.*delete the directory"):
         ensure_tiny_assets(str(old))
     assert fake_build == []
+
+
+def test_a_build_of_another_recipe_under_this_version_is_refused(tmp_path, fake_build):
+    # A recipe changed without bumping ASSETS_VERSION: the cache named after the version
+    # would otherwise hand out the old build as if it were the new recipe's.
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    steps = RECIPE["train_steps"]
+    (stale / "manifest.json").write_text(json.dumps(
+        {"version": ASSETS_VERSION, "recipe": dict(RECIPE, train_steps=steps + 1)}))
+    with pytest.raises(ValueError, match=rf"another recipe \(train_steps {steps + 1} -> {steps}\); "
+                                         r"delete the directory"):
+        ensure_tiny_assets(str(stale))
+    assert fake_build == []
+    (stale / "manifest.json").write_text(json.dumps({"version": ASSETS_VERSION, "recipe": RECIPE}))
+    assert ensure_tiny_assets(str(stale)).root == str(stale)
