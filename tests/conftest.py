@@ -51,6 +51,26 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's
+def pytest_collection_modifyitems_group_ids(config, items):
+    """pytest-xdist 3.8 groups a test by appending ``@group`` to ``item._nodeid``, which
+    pytest 9.1+ no longer reads (a node's id is ``item._id``): the mark was silently ignored,
+    every test was handed out on its own and each module-scoped fixture (a CLI run, a chain
+    of training jobs) was built on both workers. Where xdist's suffix is missing, add it."""
+    if not hasattr(config, "workerinput") or not config.getoption("loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or "@" in item.nodeid:
+            continue
+        grouped = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):
+            item._id = type(item._id).parse(grouped)
+        else:
+            item._nodeid = grouped
+
+
 def _save_random_target(path, head_dim: int):
     """A small random-weight Qwen3 saved with save_pretrained (the real loading path)."""
     torch.manual_seed(0)
