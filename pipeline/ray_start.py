@@ -34,6 +34,12 @@ _COMPILE_CACHE = Path("~/.cache/dflash-pipeline/torch-compile").expanduser()
 _CACHE_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 
+# A new local cluster starts no idle Python workers ahead of use: Ray prestarts one per CPU,
+# but every actor and task here carries a runtime_env (actor_env), which a worker started
+# without it cannot serve, so each would only cost a Python start-up (about a CPU-second).
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
 def compile_cache_env() -> dict[str, str]:
     """Where every actor keeps its compile caches (the caller's own settings win)."""
     env = dict(_CACHE_ENV)
@@ -68,7 +74,7 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
         # on the machine (another user's, another test's).
         _private_cluster_auth()
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
-                 include_dashboard=False)
+                 include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG)
     return True
 
 

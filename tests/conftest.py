@@ -15,12 +15,13 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target, load_target_head
+from pipeline.ray_start import LOCAL_SYSTEM_CONFIG
 
 VOCAB = 96
 MASK_ID = 95
 # The suite's local Ray (a test that needs another cluster brings this one back afterwards).
 RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
-                 "logging_level": "WARNING"}
+                 "logging_level": "WARNING", "_system_config": LOCAL_SYSTEM_CONFIG}
 
 
 def pytest_sessionstart(session):
@@ -36,9 +37,36 @@ def pytest_sessionstart(session):
 # Module-scoped fixtures that cost nothing to build again on another xdist worker.
 _CHEAP_MODULE_FIXTURES = {"ray_session"}
 
+# The files that take longest (each a minute or more of training jobs and CLI runs on 2 cores,
+# measured 2026-12-03), handed out first under xdist so that the short tests fill in around
+# them instead of one long file running alone at the end. Only an order: a file missing here
+# runs later, in collection order.
+_START_FIRST = [
+    "tests/driver/test_checkpoint_dcp.py", "tests/driver/test_contract.py",
+    "tests/driver/test_recovery.py", "tests/driver/test_bucket_pipeline.py",
+    "tests/driver/test_driver_killed.py", "tests/driver/test_run_folder_cli.py",
+    "tests/driver/test_equivalence.py", "tests/launch/test_job_submit.py",
+    "tests/bench/test_real_model.py", "tests/driver/test_disk_full.py",
+    "tests/driver/test_bad_data_cli.py", "tests/driver/test_eval_failures.py",
+    "tests/assets/test_build.py", "tests/driver/test_stages.py",
+    "tests/driver/test_sigterm_cli.py", "tests/driver/test_eval_offpath.py",
+    "tests/driver/test_resume.py", "tests/driver/test_families_train.py",
+    "tests/driver/test_train_cli.py", "tests/driver/test_logging_export.py",
+    "tests/driver/test_multinode.py", "tests/regen/test_regen_prompts.py",
+    "tests/bench/test_stages_bench.py", "tests/driver/test_nonfinite.py",
+]
+
+
+def pytest_configure(config):
+    """Under xdist, hand work out in the order of the collection (the long files first, see
+    pytest_collection_modifyitems), not xdist's default of the groups with most tests first."""
+    if getattr(config.option, "numprocesses", None) and hasattr(config.option,
+                                                                "loadscopereorder"):
+        config.option.loadscopereorder = False
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Under ``-n N --dist loadgroup`` (pytest-xdist), keep a module's tests on one worker when
     they share an expensive module-scoped fixture (a set of actors, a training run whose outputs
     several tests check), so it is built once; every other test is handed out on its own.
@@ -49,6 +77,30 @@ def pytest_collection_modifyitems(items):
         if any(name not in _CHEAP_MODULE_FIXTURES and fixturedefs[-1].scope == "module"
                for name, fixturedefs in defs.items()):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {path: i for i, path in enumerate(_START_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's
+def pytest_collection_modifyitems_group_ids(config, items):
+    """pytest-xdist 3.8 groups a test by appending ``@group`` to ``item._nodeid``, which
+    pytest 9.1+ no longer reads (a node's id is ``item._id``): the mark was silently ignored,
+    every test was handed out on its own and each module-scoped fixture (a CLI run, a chain
+    of training jobs) was built on both workers. Where xdist's suffix is missing, add it."""
+    if not hasattr(config, "workerinput") or not config.getoption("loadgroup", False):
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or "@" in item.nodeid:
+            continue
+        grouped = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):
+            item._id = type(item._id).parse(grouped)
+        else:
+            item._nodeid = grouped
 
 
 def _save_random_target(path, head_dim: int):

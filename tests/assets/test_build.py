@@ -4,6 +4,8 @@ import dataclasses
 import filecmp
 import os
 
+import pytest
+
 from pipeline.assets.build import build_tiny_assets
 from pipeline.assets.recipe import TinyRecipe
 
@@ -11,11 +13,17 @@ MICRO = dataclasses.replace(TinyRecipe(), train_steps=3, warmup_steps=1, num_tra
                             num_heldout=2, max_new_tokens=6, min_assistant_tokens=1)
 
 
-def test_build_is_deterministic(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
+@pytest.fixture(scope="module")
+def micro_build(tmp_path_factory):
+    """(folder, manifest) of one micro build, which both tests below check."""
+    folder = tmp_path_factory.mktemp("micro")
+    return folder, build_tiny_assets(str(folder), MICRO)
+
+
+def test_build_is_deterministic(micro_build, tmp_path):
+    a, manifest_a = micro_build
+    b = tmp_path / "b"
     b.mkdir()
-    manifest_a = build_tiny_assets(str(a), MICRO)
     manifest_b = build_tiny_assets(str(b), MICRO)
     files = ["target/model.safetensors", "target/config.json", "target/tokenizer.json",
              "data/train.jsonl", "data/heldout.jsonl"]
@@ -25,8 +33,8 @@ def test_build_is_deterministic(tmp_path):
     assert manifest_a["target_loss_first_last"] == manifest_b["target_loss_first_last"]
 
 
-def test_manifest_records_the_build(tmp_path):
-    manifest = build_tiny_assets(str(tmp_path), MICRO)
+def test_manifest_records_the_build(micro_build):
+    tmp_path, manifest = micro_build
     assert manifest["recipe"] == dataclasses.asdict(MICRO)
     assert manifest["data"]["train"]["kept"] == 4 and manifest["data"]["heldout"]["kept"] == 2
     for split in ("train", "heldout"):
