@@ -51,14 +51,21 @@ class Terminated(KeyboardInterrupt):
     exit_code = 128 + signal.SIGTERM
 
 
+def _by_sigterm(stop: KeyboardInterrupt) -> bool:
+    # The first stop signal this process got decides, not only the exception that arrived:
+    # code on the way out may catch the Terminated and raise a plain KeyboardInterrupt in its
+    # place (seen once under `ray job stop` in the suite: the job's line said "interrupted").
+    return isinstance(stop, Terminated) or _stopping == "SIGTERM"
+
+
 def exit_code(stop: KeyboardInterrupt) -> int:
     """The exit status for an interrupted job: 143 after SIGTERM, 130 after Ctrl-C."""
-    return stop.exit_code if isinstance(stop, Terminated) else 128 + signal.SIGINT
+    return Terminated.exit_code if _by_sigterm(stop) else 128 + signal.SIGINT
 
 
 def cause(stop: KeyboardInterrupt) -> str:
     """How the job was stopped, for its last line."""
-    return "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
+    return "stopped by SIGTERM" if _by_sigterm(stop) else "interrupted"
 
 
 def install() -> None:

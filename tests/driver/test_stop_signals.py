@@ -47,7 +47,18 @@ def test_sigterm_unwinds_like_ctrl_c_and_a_second_one_waits_for_it(handlers, cap
     with pytest.raises(KeyboardInterrupt) as ctrl_c:  # Ctrl-C after it still interrupts
         os.kill(os.getpid(), signal.SIGINT)
     assert not isinstance(ctrl_c.value, Terminated)
+    # The job was stopped by SIGTERM first: its line and status say so whatever came after,
+    # and so they do when a library swapped the Terminated for a plain KeyboardInterrupt.
+    for stop in (ctrl_c.value, KeyboardInterrupt()):
+        assert stop_signals.exit_code(stop) == 143
+        assert stop_signals.cause(stop) == "stopped by SIGTERM"
+
+
+def test_ctrl_c_alone_is_an_interruption_with_status_130(handlers):
+    with pytest.raises(KeyboardInterrupt) as ctrl_c:
+        os.kill(os.getpid(), signal.SIGINT)
     assert stop_signals.exit_code(ctrl_c.value) == 130
+    assert stop_signals.cause(ctrl_c.value) == "interrupted"
 
 
 def test_a_process_started_to_ignore_sigint_keeps_ignoring_it(monkeypatch):
