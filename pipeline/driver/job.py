@@ -236,8 +236,7 @@ class Driver:
 
         def after_step(step: int) -> list[AfterStepCall]:
             calls = []
-            every = self.job.train.eval.every
-            if every > 0 and (step + 1) % every == 0 and step + 1 < stop:
+            if self.job.train.eval.due_between(step + 1, stop):
                 calls.append(self._evaluate_async(actors, metrics, summary, step + 1))
             if self._checkpoint_due(step + 1, stop):
                 ref = self.saves.save_async(actors.drafter_group, cursor, step)

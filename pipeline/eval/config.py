@@ -71,6 +71,12 @@ class EvalConfig:
         return DecodeOptions(batch_size=self.batch_size, cuda_graphs=self.cuda_graphs,
                              stream_priority=self.stream_priority, gpu_duty=self.gpu_duty)
 
+    def due_between(self, steps_done: int, end_step: int) -> bool:
+        """tau after ``steps_done`` steps, between steps: every ``every`` steps, not at the end
+        (the run's closing evaluation is its caller's). The pipeline's driver and the reference
+        trainer both ask here."""
+        return self.every > 0 and steps_done % self.every == 0 and steps_done < end_step
+
     @property
     def off(self) -> Optional[str]:
         """The setting that turns tau evaluation off, or None when it is on."""

@@ -70,9 +70,8 @@ class SingleProcessTrainer:
 
     def tau_due(self, steps_done: int) -> bool:
         """tau between steps: every train.eval.every steps, the last step left to the caller."""
-        every = self.job.train.eval.every
-        return (self.tau_off is None and every > 0 and steps_done % every == 0
-                and steps_done < len(self.plans))
+        return self.tau_off is None and self.job.train.eval.due_between(steps_done,
+                                                                         len(self.plans))
 
     def features(self, batch: Batch) -> torch.Tensor:
         dev = self.r.device

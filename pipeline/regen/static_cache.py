@@ -10,7 +10,6 @@ the padded tail it leaves is masked until decode steps overwrite it.
 
 from __future__ import annotations
 
-
 import torch
 from transformers.cache_utils import Cache
 
@@ -31,8 +30,6 @@ def check_supported(model) -> None:
         raise ValueError(f"static decoder: {family} with sliding-window layers "
                          f"(layer_types {sorted(kinds)}, sliding_window "
                          f"{getattr(cfg, 'sliding_window', None)}) is not supported")
-
-
 
 
 class RowCache(Cache):
