@@ -120,11 +120,27 @@ def main(argv: list[str] | None = None) -> int:
             "tau_humaneval_reference_code", "tau_second_heldout", "greedy_distinct_4grams",
             "greedy_ended_share", "gpu_minutes")
     print(json.dumps({k: result.get(k) for k in keys}))
-    trained = "drafters" in json.loads((work / "state.json").read_text())["done"]
-    if trained and result.get("tau_humaneval_pipeline") is None:
-        log.error("the drafters ran but gave no tau (see the logs in --out)")
+    missing = missing_figures(json.loads((work / "state.json").read_text())["done"], result)
+    if missing:
+        log.error("stages ran but gave no figure for: %s (see the logs in --out)",
+                  ", ".join(missing))
         return 1
     return 0
+
+
+# The figures each stage must leave; a stage whose subprocess failed records None instead.
+_FIGURES = {"drafters": ("tau_humaneval_pipeline", "tau_humaneval_reference"),
+            "export": ("tau_humaneval_reference_code", "tau_second_heldout")}
+
+
+def missing_figures(done: list[str], result: dict) -> list[str]:
+    """The figures the stages in ``done`` should have computed and did not."""
+    missing = [key for stage in done for key in _FIGURES.get(stage, ())
+               if result.get(key) is None]
+    if "curve" in done:
+        missing += [f"data_curve tau at {row['samples']} samples"
+                    for row in result.get("data_curve", []) if row.get("tau") is None]
+    return missing
 
 
 if __name__ == "__main__":

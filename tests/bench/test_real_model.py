@@ -92,3 +92,15 @@ def test_the_plot_takes_the_curve_rows_with_a_tau_in_samples_order():
                              {"samples": 20, "gpu_minutes": 1.0, "tau": None}]}
     assert curve_points(result) == [(10, 0.5, 1.4), (40, 2.0, 2.1)]
     assert curve_points({}) == []
+
+
+def test_a_stage_that_gave_no_figure_is_named_for_a_nonzero_exit():
+    from bench.real_model import missing_figures
+
+    result = {"tau_humaneval_pipeline": 2.0, "tau_humaneval_reference": None,
+              "data_curve": [{"samples": 10, "tau": 1.5}, {"samples": 40, "tau": None}]}
+    assert missing_figures(["convert", "data"], result) == []
+    assert missing_figures(["drafters", "curve"], result) == [
+        "tau_humaneval_reference", "data_curve tau at 40 samples"]
+    assert missing_figures(["export"], result) == ["tau_humaneval_reference_code",
+                                                   "tau_second_heldout"]
