@@ -79,6 +79,13 @@ def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dic
     return result
 
 
+# Fields of RealScale a run may override from the command line, with their types.
+_SIZE_FLAGS = (("train-prompts", int), ("heldout-prompts", int), ("humaneval-prompts", int),
+               ("max-new-tokens", int), ("max-steps", int), ("epochs", int),
+               ("eval-prompts", int), ("eval-every", int), ("drafter-layers", int),
+               ("num-anchors", int), ("lr", float), ("train-budget-s", float))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.real_model",
                                 description=__doc__.split("\n\n")[0])
@@ -92,15 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--humaneval", help="HumanEval.jsonl(.gz) (default: the scale's)")
     p.add_argument("--prompts", help="a folder written by python -m bench.real_model_prompts "
                    "(on another machine, say) used instead of walking this one's packages")
-    for flag in ("train-prompts", "heldout-prompts", "humaneval-prompts", "max-new-tokens",
-                 "max-steps", "eval-prompts"):
-        p.add_argument(f"--{flag}", type=int, help="override the scale's size")
+    for flag, kind in _SIZE_FLAGS:
+        p.add_argument(f"--{flag}", type=kind, help="override the scale's value")
     args = p.parse_args(argv)
+    sizes = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_"))
+             for flag, _ in _SIZE_FLAGS}
     scale = SCALES[args.scale].with_sizes(
-        gguf=args.gguf, humaneval=args.humaneval, prompts_dir=args.prompts,
-        train_prompts=args.train_prompts, heldout_prompts=args.heldout_prompts,
-        humaneval_prompts=args.humaneval_prompts, max_new_tokens=args.max_new_tokens,
-        max_steps=args.max_steps, eval_prompts=args.eval_prompts)
+        gguf=args.gguf, humaneval=args.humaneval, prompts_dir=args.prompts, **sizes)
     if scale.device == "cuda" and not torch.cuda.is_available():
         p.exit(2, f"{p.prog}: error: --scale {scale.name} needs CUDA; use --scale tiny\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
