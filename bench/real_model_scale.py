@@ -59,6 +59,11 @@ class RealScale:
     compile: str = "default"
     cluster_device: str = "cuda"
     cpus_per_actor: float = 4.0
+    # Overrides every trainer gets on top of the ones above (``--set KEY=VALUE``; a key set
+    # here replaces the bench's own value), and named variants the recipes stage trains with
+    # the reference trainer, all at once (``--recipe NAME KEY=VALUE ...``).
+    extra: tuple[str, ...] = ()
+    recipes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
     regen_budget_s: float = 200.0
     train_budget_s: float = 700.0
@@ -87,9 +92,22 @@ TINY = RealScale(
 SCALES = {s.name: s for s in (H200, TINY)}
 
 
+def merge_overrides(*groups) -> list[str]:
+    """``KEY=VALUE`` overrides of every group in order, one per key: a later group's value
+    replaces an earlier one in place (Hydra refuses a key given twice)."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for item in group:
+            key, _, value = item.partition("=")
+            merged[key] = value
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
 def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_path: str,
-                      out_dir: str, max_steps: Optional[int] = None) -> list[str]:
-    """Every key the bench sets on top of ``--config-name smollm2_135m``, for both trainers."""
+                      out_dir: str, max_steps: Optional[int] = None,
+                      recipe: tuple[str, ...] = ()) -> list[str]:
+    """Every key the bench sets on top of ``--config-name smollm2_135m``, for both trainers:
+    the scale's, then ``--set``'s, then a recipe's."""
     over = [
         f"target.path={target}", "target.dtype=auto", "logger=none",
         f"cluster.device={scale.cluster_device}", f"cluster.cpus_per_actor={scale.cpus_per_actor}",
@@ -109,4 +127,4 @@ def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_pa
         over.append(f"drafter.target_layer_ids=[{','.join(map(str, scale.target_layer_ids))}]")
     if scale.mask_token_id is not None:
         over.append(f"drafter.mask_token_id={scale.mask_token_id}")
-    return over
+    return merge_overrides(over, scale.extra, recipe)
