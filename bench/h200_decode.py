@@ -53,7 +53,7 @@ H200 = {
                    "--sustained-batch 512 --step-rows 512 "
                    "--profile {logs}/q8b_step_profile.txt", 200),
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
-                 "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 120),
+                 "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 180),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
