@@ -142,7 +142,7 @@ def gather(runs: dict) -> dict:
                                  "timed.ms_per_step")},
             "decode_step_ms": {f"{rows} rows, {name}": {
                 k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
-                                      "ceiling_share")}
+                                      "ceiling_share", "error") if k != "error" or k in v}
                 for rows, timing in step.items() for name, v in timing["variants"].items()},
             "cb_tokens_per_s": pick(cb, "regen_tokens_per_s"),
             "hf_generate_tokens_per_s": pick(static, "runs", "hf", "tokens_per_s"),
