@@ -176,6 +176,14 @@ def _trainer(name: str, module: str, scale: RealScale, w: Work, train: Path,
     return proc.start(name, args, w.log(name), budget, 3 * budget)
 
 
+def _run_summary(c, finished: proc.Finished) -> dict:
+    """What the result file keeps of one trainer's run: tau along it, its end, its budget."""
+    return {"tau_points": list(zip(c.tau_steps, c.tau)), "steps": c.steps[-1] if c.steps else 0,
+            "final_loss": c.loss[-1] if c.loss else None,
+            "final_position_accuracy": [round(a, 4) for a in c.final_position_accuracy()],
+            **finished.report()}
+
+
 def drafters(scale: RealScale, w: Work, result: dict) -> dict:
     """Both trainers side by side on the one device, the same overrides."""
     jobs = {"pipeline": _trainer("pipeline", "pipeline.train", scale, w, w.data("train")),
@@ -184,12 +192,7 @@ def drafters(scale: RealScale, w: Work, result: dict) -> dict:
     done = {name: proc.wait(job) for name, job in jobs.items()}
     curves = {"pipeline": read_pipeline(w.run_dir("pipeline")),
               "reference": read_single(w.run_dir("reference"), done["reference"].log_path)}
-    summary = {name: {"tau_points": list(zip(c.tau_steps, c.tau)),
-                      "steps": c.steps[-1] if c.steps else 0,
-                      "final_loss": c.loss[-1] if c.loss else None,
-                      "final_position_accuracy": [round(a, 4) for a in
-                                                  c.final_position_accuracy()],
-                      **done[name].report()} for name, c in curves.items()}
+    summary = {name: _run_summary(c, done[name]) for name, c in curves.items()}
     return {"tau_humaneval_pipeline": curves["pipeline"].final_tau,
             "tau_humaneval_reference": curves["reference"].final_tau,
             "reference_wall_s": round(done["reference"].wall_s, 1), "trainers": summary}
@@ -246,15 +249,9 @@ def recipes(scale: RealScale, w: Work, result: dict) -> dict:
     for (name, over), job in zip(todo, jobs.values()):
         finished = proc.wait(job)
         c = read_single(w.run_dir(f"recipe_{name}"), finished.log_path)
-        done[name] = {"overrides": list(over), "tau": c.final_tau,
-                      "tau_points": list(zip(c.tau_steps, c.tau)),
-                      "steps": c.steps[-1] if c.steps else 0,
-                      "final_loss": c.loss[-1] if c.loss else None,
-                      "final_position_accuracy": [round(a, 4) for a in
-                                                  c.final_position_accuracy()],
+        done[name] = {"overrides": list(over), "tau": c.final_tau, **_run_summary(c, finished),
                       "sharing_device": len(jobs),
-                      "gpu_minutes": round(finished.wall_s / 60 / len(jobs), 2),
-                      **finished.report()}
+                      "gpu_minutes": round(finished.wall_s / 60 / len(jobs), 2)}
         log.info("recipe %s (%s): tau %s", name, " ".join(over), c.final_tau)
     return {"recipes": done}
 
