@@ -55,7 +55,7 @@ H200 = {
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
                  "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 180),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
-                   "--duties 0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
+                   "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
                        "--max-new-tokens 24 --device cpu --dtype float32 --graphs off "
                        "--batch-size 3", 120),
