@@ -17,8 +17,12 @@ from pipeline.driver.stop_signals import Terminated
 
 @pytest.fixture
 def handlers(monkeypatch):
-    """The module's handlers in this (pytest's) process, put back as they were afterwards."""
+    """The module's handlers in this (pytest's) process, put back as they were afterwards.
+    Installed over the handlers a fresh Python process starts with: an earlier test in the same
+    worker (Ray's start-up among them) may have left others, which install() keeps."""
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(stop_signals, "_installed", False)
     monkeypatch.setattr(stop_signals, "_stopping", None)
     stop_signals.install()
