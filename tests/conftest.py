@@ -15,13 +15,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target, load_target_head
-from pipeline.ray_start import LOCAL_SYSTEM_CONFIG
+from pipeline.ray_start import LOCAL_SYSTEM_CONFIG, init_local
 
 VOCAB = 96
 MASK_ID = 95
-# The suite's local Ray (a test that needs another cluster brings this one back afterwards).
-RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
-                 "logging_level": "WARNING", "_system_config": LOCAL_SYSTEM_CONFIG}
+# The suite's local Ray, started by init_local as the driver starts its own (its actors start
+# without a runtime_env); a test that needs another cluster brings this one back afterwards.
+RAY_TEST_INIT = {"num_cpus": 4, "include_dashboard": False, "logging_level": "WARNING",
+                 "_system_config": LOCAL_SYSTEM_CONFIG}
 
 
 def pytest_sessionstart(session):
@@ -157,7 +158,8 @@ def tiny_assets():
 
 @pytest.fixture(scope="session")
 def ray_init_args():
-    """How the suite starts its local Ray (a test that needs another cluster restores it)."""
+    """How the suite starts its local Ray, ``init_local(**ray_init_args)`` (a test that needs
+    another cluster restores it so)."""
     return RAY_TEST_INIT
 
 
@@ -168,7 +170,7 @@ def ray_cluster():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(**RAY_TEST_INIT)
+        init_local(**RAY_TEST_INIT)
     yield
     if started:
         ray.shutdown()
