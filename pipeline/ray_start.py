@@ -35,9 +35,7 @@ _CACHE_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE
 
 
 # A new local cluster starts no idle Python workers ahead of use: Ray prestarts one per CPU,
-# however few actors come, and every task here carries a runtime_env (actor_env), which a
-# worker started without it cannot serve: each would only cost a Python start-up (about a
-# CPU-second).
+# however few actors come, each a Python start-up (about a CPU-second).
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
@@ -175,12 +173,15 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
 def run_task(fn: Callable[..., Any], *args: Any) -> Any:
     """ObjectRef of ``fn(*args)``, run as a Ray task that takes no CPU: a small join of
     results (refs among ``args`` are resolved first; a failed one fails the task)."""
-    return _as_task(fn).remote(*args)
+    runtime_env = _runtime_env()
+    task = _as_task(fn)
+    return (task.options(num_cpus=0) if runtime_env is None else
+            task.options(num_cpus=0, runtime_env=runtime_env)).remote(*args)
 
 
 @functools.cache
 def _as_task(fn: Callable[..., Any]) -> Any:
-    return ray.remote(fn).options(num_cpus=0, runtime_env={"env_vars": actor_env()})
+    return ray.remote(fn)
 
 
 def kill_actors(handles: list[Any]) -> None:
