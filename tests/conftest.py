@@ -39,15 +39,16 @@ def pytest_sessionstart(session):
 _CHEAP_MODULE_FIXTURES = {"ray_session"}
 
 # The files that take longest (each a minute or more of training jobs and CLI runs on 2 cores,
-# measured 2026-12-03), handed out first under xdist so that the short tests fill in around
-# them instead of one long file running alone at the end. Only an order: a file missing here
-# runs later, in collection order.
+# measured 2026-12-03; the driver's death and the run folder's CLI runs moved down after
+# they went to one drafter), handed out first under xdist so that the short tests fill in
+# around them instead of one long file running alone at the end. Only an order: a file
+# missing here runs later, in collection order.
 _START_FIRST = [
     "tests/driver/test_checkpoint_dcp.py", "tests/driver/test_contract.py",
     "tests/driver/test_recovery.py", "tests/driver/test_bucket_pipeline.py",
-    "tests/driver/test_driver_killed.py", "tests/driver/test_run_folder_cli.py",
     "tests/driver/test_equivalence.py", "tests/launch/test_job_submit.py",
     "tests/bench/test_real_model.py", "tests/driver/test_disk_full.py",
+    "tests/driver/test_driver_killed.py", "tests/driver/test_run_folder_cli.py",
     "tests/driver/test_bad_data_cli.py", "tests/driver/test_eval_failures.py",
     "tests/assets/test_build.py", "tests/driver/test_stages.py",
     "tests/driver/test_sigterm_cli.py", "tests/driver/test_eval_offpath.py",
