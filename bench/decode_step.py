@@ -13,6 +13,7 @@ share of the K/V read (columns a row actually has, the rest are masked) is repor
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -21,6 +22,8 @@ import torch
 
 from pipeline.regen.static_attention import swapped
 from pipeline.regen.static_decoder import StaticDecoder
+
+log = logging.getLogger(__name__)
 
 HBM_BYTES_PER_S = 4.8e12   # H200 datasheet
 DENSE_BF16_FLOPS = 989e12  # H200 datasheet
@@ -139,34 +142,16 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
         figures = {"span": span, **ceiling(model, rows, span, mean)}
         if attention == "sdpa":
             figures["sdpa_backends"] = sdpa_backends(decoder, span)
-        with swapped(model, attention):
-            decoder._step(span)  # warm-up: kernels pick their algorithms
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(steps // 2):
-                decoder._step(span)
-            _sync(device)
-            figures["uncaptured_ms"] = 1e3 * (time.perf_counter() - t0) / (steps // 2)
-            if device.type == "cuda":
-                graph = decoder._capture(span)  # its warm-ups move no row (state put back)
-                graph.replay()
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    graph.replay()
-                _sync(device)
-                figures["captured_ms"] = 1e3 * (time.perf_counter() - t0) / steps
-                figures["tokens_per_s_at_step"] = rows / figures["captured_ms"] * 1e3
-            if profile is not None:
-                tables.append(_profiled(lambda: [decoder._step(span) for _ in range(3)], device,
-                                        f"{attention}: 3 uncaptured decode steps, {rows} rows, "
-                                        f"span {span}"))
-                if device.type == "cuda":
-                    tables.append(_profiled(lambda: [graph.replay() for _ in range(3)], device,
-                                            f"{attention}: 3 captured replays"))
-                profile.parent.mkdir(parents=True, exist_ok=True)
-                profile.write_text("".join(tables))
-                out["profile"] = str(profile)
+        decoder.block_masks = attention == "flex"  # flex's step takes a block mask
+        try:
+            _time_variant(decoder, model, attention, span, steps, device, figures, tables,
+                          profile, rows, out)
+        except Exception as e:  # one variant failing (a kernel that will not compile) is a
+            # figure of its own; the others' figures stand
+            figures["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            log.error("decode step, %s: %s", attention, figures["error"])
+            out["variants"][attention] = figures
+            continue
         best = figures.get("captured_ms", figures["uncaptured_ms"])
         figures["ceiling_share"] = figures["ceiling_ms"] / best
         out["variants"][attention] = figures
@@ -174,3 +159,37 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def _time_variant(decoder, model, attention: str, span: int, steps: int, device, figures: dict,
+                  tables: list, profile: Optional[Path], rows: int, out: dict) -> None:
+    """One variant's uncaptured and captured ms/step (and its profile) into ``figures``."""
+    with swapped(model, attention):
+        decoder._step(span)  # warm-up: kernels pick their algorithms
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps // 2):
+            decoder._step(span)
+        _sync(device)
+        figures["uncaptured_ms"] = 1e3 * (time.perf_counter() - t0) / (steps // 2)
+        if device.type == "cuda":
+            graph = decoder._capture(span)  # its warm-ups move no row (state put back)
+            graph.replay()
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                graph.replay()
+            _sync(device)
+            figures["captured_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+            figures["tokens_per_s_at_step"] = rows / figures["captured_ms"] * 1e3
+        if profile is not None:
+            tables.append(_profiled(lambda: [decoder._step(span) for _ in range(3)], device,
+                                    f"{attention}: 3 uncaptured decode steps, {rows} rows, "
+                                    f"span {span}"))
+            if device.type == "cuda":
+                tables.append(_profiled(lambda: [graph.replay() for _ in range(3)], device,
+                                        f"{attention}: 3 captured replays"))
+            profile.parent.mkdir(parents=True, exist_ok=True)
+            profile.write_text("".join(tables))
+            out["profile"] = str(profile)
+

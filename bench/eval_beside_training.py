@@ -285,6 +285,10 @@ def drive(args, argv: list[str]) -> dict:
         for log_ in logs:
             log_.close()
     result = _write(args, work)
+    # The roles' handshake files say nothing once both have ended: only logs and figures stay.
+    for name in ("eval_ready", "go_*", "started_*", "stop_*", "stopped_*"):
+        for path in work.glob(name):
+            path.unlink()
     codes = [proc.returncode for proc in procs]
     if codes != [0, 0]:
         result["error"] = (f"trainer rc {codes[0]}, evaluator rc {codes[1]}: see "

@@ -20,7 +20,13 @@ up to ``--until``):
    from the evaluator and the reference run);
 5. export: the pipeline's export decoded apart (bench/quality/reference_decode.py) on HumanEval
    and on the held-out explain prompts, with acceptance per block position;
-6. curve (``--curve``): the reference trainer on 4 data sizes over a 16x range.
+6. recipes (``--recipe NAME KEY=VALUE ...``, repeatable): the reference trainer once per
+   variant of the drafters stage's overrides, all at once on the device, tau along the way;
+   never marked done: a later call trains only the names not yet measured;
+7. curve (``--curve``): the reference trainer on 4 data sizes over a 16x range.
+
+``--set KEY=VALUE`` (repeatable) changes every trainer's overrides (the drafters stage's, the
+recipes', the curve's), e.g. ``--set data.batching=pack``.
 
 Writes ``OUT/real_model.json`` (keys listed in issue 33: target, train_samples, the taus,
 greedy_distinct_4grams, greedy_ended_share, gpu_minutes by stage, data_curve) and the last
@@ -55,7 +61,8 @@ def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dic
     result = state["result"]
     result.update({"scale": scale.name, "device": scale.device})
     w = Work(work)
-    wanted = [s for s in STAGES if s != "curve" or curve]
+    # recipes: never marked done; each call trains the --recipe names not yet measured.
+    wanted = [s for s in STAGES if (s != "curve" or curve) and (s != "recipes" or scale.recipes)]
     stop = wanted.index(until) + 1 if until in wanted else len(wanted)
     try:
         for stage in wanted[:stop]:
@@ -65,8 +72,10 @@ def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dic
             result.update(run_stage(stage, scale, w, result))
             minutes = (time.perf_counter() - started) / 60
             # Every stage holds the device machine, CPU-bound ones too: its wall counts.
-            result["gpu_minutes"][stage] = round(minutes, 2)
-            state["done"].append(stage)
+            result["gpu_minutes"][stage] = round(
+                minutes + (result["gpu_minutes"].get(stage, 0) if stage == "recipes" else 0), 2)
+            if stage != "recipes":
+                state["done"].append(stage)
             state_path.write_text(json.dumps(state, indent=2))
     finally:
         result["gpu_minutes"]["total"] = round(sum(
@@ -79,6 +88,13 @@ def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dic
     return result
 
 
+# Fields of RealScale a run may override from the command line, with their types.
+_SIZE_FLAGS = (("train-prompts", int), ("heldout-prompts", int), ("humaneval-prompts", int),
+               ("max-new-tokens", int), ("max-steps", int), ("epochs", int),
+               ("eval-prompts", int), ("eval-every", int), ("drafter-layers", int),
+               ("num-anchors", int), ("lr", float), ("train-budget-s", float))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.real_model",
                                 description=__doc__.split("\n\n")[0])
@@ -87,20 +103,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="h200", choices=sorted(SCALES))
     p.add_argument("--until", default="curve", choices=STAGES, help="stop after this stage")
     p.add_argument("--curve", action="store_true", help="also the reference's data curve")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for every trainer (repeatable; replaces the bench's own "
+                        "value of that key)")
+    p.add_argument("--recipe", action="append", nargs="+", default=[],
+                   metavar="NAME KEY=VALUE",
+                   help="a variant for the recipes stage: a name, then its overrides "
+                        "(repeatable); the reference trainer runs every new one at once")
     p.add_argument("--fresh", action="store_true", help="empty --work first")
     p.add_argument("--gguf", help="the target's GGUF file (default: the scale's)")
     p.add_argument("--humaneval", help="HumanEval.jsonl(.gz) (default: the scale's)")
     p.add_argument("--prompts", help="a folder written by python -m bench.real_model_prompts "
                    "(on another machine, say) used instead of walking this one's packages")
-    for flag in ("train-prompts", "heldout-prompts", "humaneval-prompts", "max-new-tokens",
-                 "max-steps", "eval-prompts"):
-        p.add_argument(f"--{flag}", type=int, help="override the scale's size")
+    for flag, kind in _SIZE_FLAGS:
+        p.add_argument(f"--{flag}", type=kind, help="override the scale's value")
     args = p.parse_args(argv)
+    if args.until == "recipes" and not args.recipe:
+        p.error("--until recipes: give at least one --recipe NAME KEY=VALUE")
+    sizes = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_"))
+             for flag, _ in _SIZE_FLAGS}
     scale = SCALES[args.scale].with_sizes(
         gguf=args.gguf, humaneval=args.humaneval, prompts_dir=args.prompts,
-        train_prompts=args.train_prompts, heldout_prompts=args.heldout_prompts,
-        humaneval_prompts=args.humaneval_prompts, max_new_tokens=args.max_new_tokens,
-        max_steps=args.max_steps, eval_prompts=args.eval_prompts)
+        extra=tuple(_overrides(p, "--set", args.set)), recipes=_recipes(p, args.recipe), **sizes)
     if scale.device == "cuda" and not torch.cuda.is_available():
         p.exit(2, f"{p.prog}: error: --scale {scale.name} needs CUDA; use --scale tiny\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
@@ -119,13 +143,37 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("train_samples", "tau_humaneval_pipeline", "tau_humaneval_reference",
             "tau_humaneval_reference_code", "tau_second_heldout", "greedy_distinct_4grams",
             "greedy_ended_share", "gpu_minutes")
-    print(json.dumps({k: result.get(k) for k in keys}))
+    recipes = {name: row["tau"] for name, row in result.get("recipes", {}).items()}
+    print(json.dumps({**{k: result.get(k) for k in keys}, **({"recipes": recipes}
+                                                               if recipes else {})}))
     missing = missing_figures(json.loads((work / "state.json").read_text())["done"], result)
     if missing:
         log.error("stages ran but gave no figure for: %s (see the logs in --out)",
                   ", ".join(missing))
         return 1
     return 0
+
+
+def _overrides(p: argparse.ArgumentParser, flag: str, items: list[str]) -> list[str]:
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            p.error(f"{flag} {item}: want KEY=VALUE")
+    return items
+
+
+def _recipes(p: argparse.ArgumentParser, given: list[list[str]]) -> tuple:
+    """``--recipe NAME KEY=VALUE ...`` as ((name, overrides), ...), names unique and plain
+    (each names a run folder)."""
+    recipes = []
+    for name, *over in given:
+        if not name.replace("_", "").replace("-", "").isalnum():
+            p.error(f"--recipe {name}: a name of letters, digits, '-' and '_' comes first")
+        if not over:
+            p.error(f"--recipe {name}: give at least one KEY=VALUE after the name")
+        if name in [n for n, _ in recipes]:
+            p.error(f"--recipe {name}: given twice")
+        recipes.append((name, tuple(_overrides(p, f"--recipe {name}", over))))
+    return tuple(recipes)
 
 
 # The figures each stage must leave; a stage whose subprocess failed records None instead.
@@ -137,6 +185,8 @@ def missing_figures(done: list[str], result: dict) -> list[str]:
     """The figures the stages in ``done`` should have computed and did not."""
     missing = [key for stage in done for key in _FIGURES.get(stage, ())
                if result.get(key) is None]
+    missing += [f"tau of recipe {name}" for name, row in result.get("recipes", {}).items()
+                if row.get("tau") is None]
     if "curve" in done:
         missing += [f"data_curve tau at {row['samples']} samples"
                     for row in result.get("data_curve", []) if row.get("tau") is None]

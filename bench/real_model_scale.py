@@ -1,14 +1,14 @@
-"""Sizes of bench/real_model.py per scale: ``h200`` (one H200, ~9 GPU-minutes) and ``tiny``.
+"""Sizes of bench/real_model.py per scale: ``h200`` (one H200, ~16 GPU-minutes) and ``tiny``.
 
-The H200 figures are estimates, not measurements (no GPU run yet). First call (``--until
-data``, ~3 min): convert (~0.5 min: dequantising 98 MB on the CPU), prompts (~1 min: a
-hash-ordered 40M characters of the machine's sources), data (~1.5 min: SmolLM2-135M answers
-6,144 + 164 + 64 prompts of at most 192 new tokens in batches of 512). Second call
-(``--curve``, ~6.5 min): both trainers side by side, 768 steps of 32 samples (4 epochs, ~3.5
-min), the export decoded on 32 HumanEval and 32 held-out prompts (~1 min), the reference on
-384, 968 and 2,438 samples (~2 min). Every size is a flag of bench/real_model.py, so a run
-can be cut to the GPU time at hand; every stage holds the machine, so each counts its wall
-time as GPU minutes.
+Measured on one H200 on 2026-12-03 (docs/BENCHMARKS.md), as one background job polled over
+device calls back to back: convert 0.6 min (dequantising 98 MB on the CPU), data 3.4 min
+(SmolLM2-135M answers 24,576 + 164 + 64 prompts of at most 192 new tokens, batch 512; prompts
+built on another machine and passed with ``--prompts``), drafters 9.9 min (both trainers side
+by side, 3 epochs = 2,271 steps of 32, tau every 400 steps), export 2.4 min (the export decoded
+apart on 32 HumanEval and 32 held-out prompts). ``--curve`` adds the reference on three
+smaller data sizes, at once, each for the same steps (3.2 min at 768 steps; about three times
+that at 2,304). Every size is a flag of bench/real_model.py, so a run can be cut to the GPU
+time at hand; every stage holds the machine, so each counts its wall time as GPU minutes.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ class RealScale:
     mask_token_id: Optional[int] = None  # None: the preset's
     num_anchors: int = 256
     micro_batch_size: int = 32
-    epochs: int = 4
-    max_steps: int = 768  # one epoch of the training prompts at micro-batch 32
+    epochs: int = 3
+    # Three epochs of the training prompts at micro-batch 32 (tau 2.09 after one, 2.75 after
+    # three: docs/BENCHMARKS.md); each data-curve run takes as many (--max-steps to change).
+    max_steps: int = 2304
     lr: float = 1.5e-3
     max_length: int = 768
     eval_every: int = 400
@@ -57,9 +59,14 @@ class RealScale:
     compile: str = "default"
     cluster_device: str = "cuda"
     cpus_per_actor: float = 4.0
+    # Overrides every trainer gets on top of the ones above (``--set KEY=VALUE``; a key set
+    # here replaces the bench's own value), and named variants the recipes stage trains with
+    # the reference trainer, all at once (``--recipe NAME KEY=VALUE ...``).
+    extra: tuple[str, ...] = ()
+    recipes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
     regen_budget_s: float = 200.0
-    train_budget_s: float = 360.0
+    train_budget_s: float = 700.0
     curve_budget_s: float = 240.0  # each --curve run (the three share the device)
 
     def with_sizes(self, **sizes) -> "RealScale":
@@ -85,9 +92,22 @@ TINY = RealScale(
 SCALES = {s.name: s for s in (H200, TINY)}
 
 
+def merge_overrides(*groups) -> list[str]:
+    """``KEY=VALUE`` overrides of every group in order, one per key: a later group's value
+    replaces an earlier one in place (Hydra refuses a key given twice)."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for item in group:
+            key, _, value = item.partition("=")
+            merged[key] = value
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
 def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_path: str,
-                      out_dir: str, max_steps: Optional[int] = None) -> list[str]:
-    """Every key the bench sets on top of ``--config-name smollm2_135m``, for both trainers."""
+                      out_dir: str, max_steps: Optional[int] = None,
+                      recipe: tuple[str, ...] = ()) -> list[str]:
+    """Every key the bench sets on top of ``--config-name smollm2_135m``, for both trainers:
+    the scale's, then ``--set``'s, then a recipe's."""
     over = [
         f"target.path={target}", "target.dtype=auto", "logger=none",
         f"cluster.device={scale.cluster_device}", f"cluster.cpus_per_actor={scale.cpus_per_actor}",
@@ -107,4 +127,4 @@ def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_pa
         over.append(f"drafter.target_layer_ids=[{','.join(map(str, scale.target_layer_ids))}]")
     if scale.mask_token_id is not None:
         over.append(f"drafter.mask_token_id={scale.mask_token_id}")
-    return over
+    return merge_overrides(over, scale.extra, recipe)

@@ -23,7 +23,7 @@ from bench.real_model_scale import RealScale, trainer_overrides
 
 log = logging.getLogger(__name__)
 
-STAGES = ("convert", "prompts", "data", "drafters", "export", "curve")
+STAGES = ("convert", "prompts", "data", "drafters", "export", "recipes", "curve")
 SETS = ("train", "humaneval", "explain")  # the regenerated sets, in regen input order
 CURVE_POINTS = 4  # data sizes over a 16x range: N, N/2.5, N/6.3, N/16
 
@@ -50,7 +50,7 @@ def run_stage(stage: str, scale: RealScale, w: Work, result: dict) -> dict:
     # Every subprocess converts (or finds) the GGUF in the same cache as this process.
     os.environ.setdefault("DFLASH_GGUF_CACHE", str(w.path("gguf_cache")))
     return {"convert": convert, "prompts": prompts, "data": data, "drafters": drafters,
-            "export": export, "curve": curve}[stage](scale, w, result)
+            "export": export, "recipes": recipes, "curve": curve}[stage](scale, w, result)
 
 
 def gguf_path(scale: RealScale, w: Work) -> str:
@@ -166,13 +166,22 @@ def _greedy_stats(target_folder: str, records: list[dict]) -> dict:
 
 
 def _trainer(name: str, module: str, scale: RealScale, w: Work, train: Path,
-             max_steps: int | None = None, budget_s: float | None = None) -> proc.Job:
+             max_steps: int | None = None, budget_s: float | None = None,
+             recipe: tuple[str, ...] = ()) -> proc.Job:
     shutil.rmtree(w.run_dir(name), ignore_errors=True)  # train afresh, never resume
     args = ["-m", module, "--config-name", "smollm2_135m", *trainer_overrides(
         scale, gguf_path(scale, w), str(train), str(w.data("humaneval")),
-        str(w.run_dir(name)), max_steps)]
+        str(w.run_dir(name)), max_steps, recipe)]
     budget = budget_s or scale.train_budget_s
     return proc.start(name, args, w.log(name), budget, 3 * budget)
+
+
+def _run_summary(c, finished: proc.Finished) -> dict:
+    """What the result file keeps of one trainer's run: tau along it, its end, its budget."""
+    return {"tau_points": list(zip(c.tau_steps, c.tau)), "steps": c.steps[-1] if c.steps else 0,
+            "final_loss": c.loss[-1] if c.loss else None,
+            "final_position_accuracy": [round(a, 4) for a in c.final_position_accuracy()],
+            **finished.report()}
 
 
 def drafters(scale: RealScale, w: Work, result: dict) -> dict:
@@ -183,12 +192,7 @@ def drafters(scale: RealScale, w: Work, result: dict) -> dict:
     done = {name: proc.wait(job) for name, job in jobs.items()}
     curves = {"pipeline": read_pipeline(w.run_dir("pipeline")),
               "reference": read_single(w.run_dir("reference"), done["reference"].log_path)}
-    summary = {name: {"tau_points": list(zip(c.tau_steps, c.tau)),
-                      "steps": c.steps[-1] if c.steps else 0,
-                      "final_loss": c.loss[-1] if c.loss else None,
-                      "final_position_accuracy": [round(a, 4) for a in
-                                                  c.final_position_accuracy()],
-                      **done[name].report()} for name, c in curves.items()}
+    summary = {name: _run_summary(c, done[name]) for name, c in curves.items()}
     return {"tau_humaneval_pipeline": curves["pipeline"].final_tau,
             "tau_humaneval_reference": curves["reference"].final_tau,
             "reference_wall_s": round(done["reference"].wall_s, 1), "trainers": summary}
@@ -230,6 +234,26 @@ def _acceptance(decoded, block_size: int) -> dict:
              for k in range(1, block_size)]
     return {"tau": round(tau, 4) if tau else None, "rounds": len(rounds),
             "accepted_at_position": share}
+
+
+def recipes(scale: RealScale, w: Work, result: dict) -> dict:
+    """The reference trainer once per ``--recipe`` not yet measured, all at once on the
+    device, each with the drafters stage's overrides plus its own, tau every
+    ``eval_every`` steps. A recipe's GPU minutes are its device share (wall / runs sharing
+    it); the drafters stage's reference run is the base they compare with."""
+    done = dict(result.get("recipes", {}))
+    todo = [(name, over) for name, over in scale.recipes if name not in done]
+    jobs = {name: _trainer(f"recipe_{name}", "pipeline.train_single", scale, w,
+                           w.data("train"), budget_s=scale.train_budget_s * len(todo),
+                           recipe=over) for name, over in todo}
+    for (name, over), job in zip(todo, jobs.values()):
+        finished = proc.wait(job)
+        c = read_single(w.run_dir(f"recipe_{name}"), finished.log_path)
+        done[name] = {"overrides": list(over), "tau": c.final_tau, **_run_summary(c, finished),
+                      "sharing_device": len(jobs),
+                      "gpu_minutes": round(finished.wall_s / 60 / len(jobs), 2)}
+        log.info("recipe %s (%s): tau %s", name, " ".join(over), c.final_tau)
+    return {"recipes": done}
 
 
 def curve_sizes(total: int) -> list[int]:

@@ -46,13 +46,16 @@ def decode(target, draft, prompt: Sequence[int], max_new_tokens: int,
     ``draft`` (the export, as ``AutoModel`` loads it)."""
     from transformers import DynamicCache
 
+    from pipeline.model.cache_keyword import cache_keyword
+
     dev = next(target.parameters()).device
+    cache_kw = cache_keyword(target)  # "cache" where the old name draws a FutureWarning
     size, layer_ids = draft.block_size, draft.target_layer_ids
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     target_cache, draft_cache = DynamicCache(), DynamicCache()
     ids = torch.tensor([list(prompt)], device=dev)
-    out = target(input_ids=ids, past_key_values=target_cache, use_cache=True,
-                 output_hidden_states=True)
+    out = target(input_ids=ids, use_cache=True, output_hidden_states=True,
+                 **{cache_kw: target_cache})
     new_features = _taps(out.hidden_states, layer_ids)
     tokens = list(prompt) + [int(out.logits[0, -1].argmax())]
     in_draft_cache = 0  # context positions the drafter's cache holds
@@ -68,8 +71,8 @@ def decode(target, draft, prompt: Sequence[int], max_new_tokens: int,
         in_draft_cache = start
         drafted = lm_head(hidden[:, 1:]).argmax(-1)[0]
         verify = torch.cat([block[0, :1], drafted])[None]
-        out = target(input_ids=verify, past_key_values=target_cache, use_cache=True,
-                     output_hidden_states=True)
+        out = target(input_ids=verify, use_cache=True, output_hidden_states=True,
+                     **{cache_kw: target_cache})
         posterior = out.logits[0].argmax(-1)
         n = int((drafted == posterior[:-1]).long().cumprod(0).sum())
         result.drafts.append(drafted.tolist())

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 from pipeline.model.cache_keyword import cache_keyword
-from pipeline.regen.static_attention import ATTENTIONS, swapped
+from pipeline.regen.static_attention import ATTENTIONS, decode_block_mask, swapped
 from pipeline.regen.static_cache import RowCache, check_supported
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ class StaticEngine:
         self.decoder = StaticDecoder(self.model, rows, length, max_new, stops,
                                      cuda_graphs=self.cuda_graphs,
                                      prefill_tokens=self.prefill_tokens,
-                                     span_bucket=self.span_bucket, timing=self.timing)
+                                     span_bucket=self.span_bucket, timing=self.timing,
+                                     block_masks=self.attention == "flex")
         self.builds += 1
         if self.builds > 1:
             log.info("static decoder: rebuilt for %d rows x %d columns, %d new tokens, %d stop "
@@ -155,13 +156,16 @@ class StaticDecoder:
 
     def __init__(self, model, rows: int, max_length: int, max_new_tokens: int, stops,
                  *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int,
-                 timing: bool = False):
+                 timing: bool = False, block_masks: bool = False):
         self.model, self.body, self.head = model, model.base_model, model.get_output_embeddings()
         self.cache_kw = cache_keyword(self.body)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.rows, self.max_length = rows, max_length
         self.prefill_tokens, self.span_bucket, self.timing = prefill_tokens, span_bucket, timing
+        # A decode step's mask as a flex block mask (the ``flex`` attention) instead of an
+        # additive tensor.
+        self.block_masks = block_masks
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         if cuda_graphs and not self.use_graphs:
             log.info("static decoder: model on %s, decode step runs uncaptured", self.device)
@@ -319,9 +323,12 @@ class StaticDecoder:
     def _step(self, span: int) -> None:
         """One token for every row, all on device; finished rows step too but change nothing."""
         self.cache.positions, self.cache.span = self.pos, span
-        visible = self.columns[None, :span] <= self.pos[:, None]
+        if self.block_masks:
+            mask = decode_block_mask(self.pos, span)
+        else:
+            mask = self._additive((self.columns[None, :span] <= self.pos[:, None])[:, None, None])
         hidden = self.body(input_ids=self.ids[:, None], position_ids=self.pos[:, None],
-                           attention_mask=self._additive(visible[:, None, None]),
+                           attention_mask=mask,
                            use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
         token = self.head(hidden[:, -1]).argmax(-1)
         live = ~self.done

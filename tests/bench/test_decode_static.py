@@ -24,3 +24,19 @@ def test_bench_runs_and_matches_generate(tmp_path):
     assert runs["static"]["generated_tokens"] == runs["hf"]["generated_tokens"] == 6 * 5
     assert runs["static"]["identical_share"] == 1.0 and runs["static"]["first_mismatches"] == []
     assert result["prompt_tokens"]["min"] >= 2 and result["prompt_tokens"]["max"] <= 9
+
+
+def test_a_failing_step_variant_is_reported_and_the_others_stand(tmp_path):
+    from bench.decode_step import step_timing
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    out = step_timing(model, prompts, rows=2, attentions=("sdpa", "no-such-kernel", "flex"),
+                      steps=2)
+    variants = out["variants"]
+    assert variants["no-such-kernel"]["error"].startswith("KeyError")
+    for name in ("sdpa", "flex"):
+        assert "error" not in variants[name] and variants[name]["uncaptured_ms"] > 0

@@ -20,3 +20,6 @@ def test_trainer_times_steps_alone_and_beside_a_running_evaluator(tmp_path):
     assert set(result["slowdown_vs_alone"]) == {"beside_duty_0.5", "beside_duty_1.0"}
     # The evaluator was decoding during each beside phase (rounds after its start signal).
     assert all(result["evaluator"][d]["rounds"] >= 1 for d in ("0.5", "1.0"))
+    # What stays in the work folder is logs and figures, not the roles' handshakes.
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [
+        "eval.log", "evaluator.json", "train.log", "trainer.json"]

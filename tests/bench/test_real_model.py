@@ -44,10 +44,18 @@ def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     state = json.loads((tmp_path / "work" / "state.json").read_text())
     assert state["done"] == ["convert", "prompts", "data"]
-    second = _bench(["--until", "export"], tmp_path)  # goes on from the drafters
+    # Goes on from the drafters; --set replaces the bench's own value of a key, for every
+    # trainer, and a recipe adds its overrides to those.
+    second = _bench(["--until", "recipes", "--set", "drafter.num_anchors=8",
+                     "--recipe", "g2", "drafter.gamma=2"], tmp_path)
     output = second.stdout + second.stderr
     assert second.returncode == 0, output[-3000:]
     assert "=== convert" not in output and "=== drafters" in output
+    commands = [line for line in output.splitlines() if "-m pipeline.train" in line]
+    assert len(commands) == 3  # pipeline, reference, the recipe
+    assert all("drafter.num_anchors=8" in c and "drafter.num_anchors=16" not in c
+               for c in commands)
+    assert ["drafter.gamma=2" in c for c in commands] == [False, False, True]
     result = json.loads((tmp_path / "out" / "real_model.json").read_text())
     assert result["target"]["model_type"] == "llama" and result["target"]["parameters"] > 0
     assert result["train_samples"] == 16
@@ -57,7 +65,10 @@ def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
     assert 0 <= result["greedy_distinct_4grams"] <= 1 and 0 <= result["greedy_ended_share"] <= 1
     assert len(result["tau_per_position"]["humaneval"]) == 3  # block 4: positions 1..3
     assert set(result["gpu_minutes"]) >= {"convert", "prompts", "data", "drafters", "export",
-                                          "total"}
+                                          "recipes", "total"}
+    recipe = result["recipes"]["g2"]
+    assert recipe["overrides"] == ["drafter.gamma=2"] and recipe["tau"] >= 1.0
+    assert recipe["steps"] == 2 and recipe["sharing_device"] == 1
     # Prompts-only lines, split by source module: no held-out module among training prompts.
     prompts = tmp_path / "work" / "prompts"
     line = json.loads((prompts / "train.jsonl").read_text().splitlines()[0])
@@ -104,3 +115,14 @@ def test_a_stage_that_gave_no_figure_is_named_for_a_nonzero_exit():
         "tau_humaneval_reference", "data_curve tau at 40 samples"]
     assert missing_figures(["export"], result) == ["tau_humaneval_reference_code",
                                                    "tau_second_heldout"]
+
+
+def test_recipes_already_measured_are_not_trained_again(tmp_path):
+    from bench.real_model_scale import TINY
+    from bench.real_model_steps import Work, recipes
+
+    measured = {"g2": {"overrides": ["drafter.gamma=2"], "tau": 1.5}}
+    scale = TINY.with_sizes(recipes=(("g2", ("drafter.gamma=2",)),))
+    got = recipes(scale, Work(tmp_path / "work"), {"recipes": measured})
+    assert got == {"recipes": measured}
+    assert not (tmp_path / "work" / "runs").exists()  # no trainer started

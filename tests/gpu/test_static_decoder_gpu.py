@@ -70,7 +70,7 @@ def test_one_engine_reuses_its_graphs_across_calls(tmp_path, device, on_cuda):
         free = [_generate(model, p, set()) for p in first]
     calls = [(first, {free[0][3]}, MAX_NEW), (second, {free[1][5], free[2][2]}, 7),
              (first, {free[0][3]}, MAX_NEW)]
-    for attention in ("sdpa", "matmul"):
+    for attention in ("sdpa", "matmul", "flex"):
         engine = StaticEngine(model, 4, sync_every=3, span_bucket=16, attention=attention)
         for prompts, stops, max_new in calls:
             with torch.no_grad():

@@ -1,0 +1,31 @@
+"""The flex decode step's block mask: which key blocks a row reads, and which it skips.
+
+Flex attention on CPU applies only the mask function and reads every block, so the decoder's
+equality with ``generate`` cannot see a wrong block list; on CUDA a block left out is never
+read. The block lists are checked here against each row's filled prefix."""
+
+import torch
+
+from pipeline.regen.static_attention import decode_block_mask
+
+
+def test_rows_read_their_filled_blocks_only():
+    positions = torch.tensor([0, 15, 16, 17, 40, 47, 31])
+    span = 48  # blocks of 16: gcd(48, 128)
+    mask = decode_block_mask(positions, span)
+    assert mask.BLOCK_SIZE[1] == 16
+    want_read = [[int(b * 16 <= p) for b in range(3)] for p in positions.tolist()]
+    assert mask.to_dense()[:, 0, 0].tolist() == want_read
+    # Wholly filled blocks need no mask function; the block holding the position does.
+    assert mask.full_kv_num_blocks[:, 0, 0].tolist() == [(p + 1) // 16 for p in positions.tolist()]
+    assert mask.kv_num_blocks[:, 0, 0].tolist() == [int((p + 1) % 16 > 0) for p in positions.tolist()]
+    b, kv = torch.meshgrid(torch.arange(len(positions)), torch.arange(span), indexing="ij")
+    zero = torch.zeros_like(b)
+    assert torch.equal(mask.mask_mod(b, zero, zero, kv), kv <= positions[:, None])
+
+
+def test_block_size_divides_the_span():
+    for span, block in ((128, 128), (256, 128), (784, 16), (96, 32)):
+        mask = decode_block_mask(torch.tensor([span - 1, 0]), span)
+        assert mask.BLOCK_SIZE[1] == block
+        assert mask.to_dense()[0, 0, 0].tolist() == [1] * (span // block)
