@@ -35,8 +35,7 @@ _CACHE_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE
 
 
 # A new local cluster starts no idle Python workers ahead of use: Ray prestarts one per CPU,
-# but every actor and task here carries a runtime_env (actor_env), which a worker started
-# without it cannot serve, so each would only cost a Python start-up (about a CPU-second).
+# however few actors come, each a Python start-up (about a CPU-second).
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
@@ -73,9 +72,45 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
         # "local": a cluster of our own. Without it ray.init() joins any Ray it finds running
         # on the machine (another user's, another test's).
         _private_cluster_auth()
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
-                 include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG)
+        init_local(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+                   include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG)
     return True
+
+
+# The local cluster this process started with actor_env() in its processes' environment
+# (init_local): (its GCS address, that environment). Its workers inherit the environment, so
+# an actor started there needs no runtime_env, which would cost each actor process a second
+# Python start-up (Ray's setup_worker, about half a CPU-second) to set the same variables.
+_inherited: Optional[tuple[str, dict[str, str]]] = None
+
+
+def init_local(**kwargs: Any) -> None:
+    """``ray.init(address="local", **kwargs)``: a new local cluster whose raylet, and so every
+    worker it starts, gets actor_env() from its environment (this process's own environment
+    is left as it was)."""
+    global _inherited
+    env = actor_env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        ray.init(address="local", **kwargs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    _inherited = (ray.get_runtime_context().gcs_address, env)
+
+
+def _runtime_env() -> Optional[dict[str, Any]]:
+    """What an actor is started with: nothing where its worker inherits actor_env() already
+    (a cluster init_local started, the environment unchanged since), else the variables."""
+    env = actor_env()
+    if _inherited is not None and _inherited[1] == env \
+            and ray.get_runtime_context().gcs_address == _inherited[0]:
+        return None
+    return {"env_vars": env}
 
 
 def _private_cluster_auth() -> None:
@@ -123,8 +158,10 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     No concurrency options: the actor runs its methods one at a time on its main thread,
     where torch.compile's CUDA-graph state lives.
     """
-    options: dict[str, Any] = {"num_cpus": placement.cpus,
-                               "runtime_env": {"env_vars": actor_env()}}
+    options: dict[str, Any] = {"num_cpus": placement.cpus}
+    runtime_env = _runtime_env()
+    if runtime_env is not None:
+        options["runtime_env"] = runtime_env
     if placement.gpus > 0:
         options["num_gpus"] = placement.gpus
     if placement.group is not None:
@@ -136,12 +173,15 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
 def run_task(fn: Callable[..., Any], *args: Any) -> Any:
     """ObjectRef of ``fn(*args)``, run as a Ray task that takes no CPU: a small join of
     results (refs among ``args`` are resolved first; a failed one fails the task)."""
-    return _as_task(fn).remote(*args)
+    runtime_env = _runtime_env()
+    task = _as_task(fn)
+    return (task.options(num_cpus=0) if runtime_env is None else
+            task.options(num_cpus=0, runtime_env=runtime_env)).remote(*args)
 
 
 @functools.cache
 def _as_task(fn: Callable[..., Any]) -> Any:
-    return ray.remote(fn).options(num_cpus=0, runtime_env={"env_vars": actor_env()})
+    return ray.remote(fn)
 
 
 def kill_actors(handles: list[Any]) -> None:

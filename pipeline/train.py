@@ -9,18 +9,21 @@
         --runtime-env launch/runtime_env.yaml -- python -m pipeline.train key=value ...
 """
 
+from __future__ import annotations
+
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.diskfull import disk_full_headline
-from pipeline.driver import stop_signals
-from pipeline.driver.job import Driver, RunSummary
-from pipeline.driver.resume_hint import interrupted_line
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
+
+if TYPE_CHECKING:
+    from pipeline.driver.job import Driver, RunSummary
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -28,6 +31,11 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
+    # The job's modules (torch, Ray, transformers: seconds of imports) are imported here, once
+    # the command line passed its checks: a refused command line exits without them.
+    from pipeline.driver import stop_signals
+    from pipeline.driver.resume_hint import interrupted_line
+
     try:
         job = to_job_config(cfg)
     except ValueError as e:  # a config mistake: one line
@@ -80,6 +88,8 @@ def _report(summary: RunSummary) -> int:
 def _driver(job) -> Driver:
     """The driver, or a refusal: what its constructor rejects (a tap id, a mask token, a
     changed setting on resume) is a user's mistake, found before Ray starts."""
+    from pipeline.driver.job import Driver
+
     try:
         return Driver(job)
     except ValueError as e:
@@ -92,6 +102,8 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    from pipeline.driver import stop_signals  # Ray: after the checks (see main)
+
     # SIGTERM (ray job stop, a preemption, kill) unwinds the job as Ctrl-C does: exit 143.
     stop_signals.install()
     try:

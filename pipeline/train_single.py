@@ -7,17 +7,20 @@ It follows the same step plan as ``pipeline.train`` (cluster.drafters_per_node x
 train.plan.grad_accum micro-batches per step), so the two must produce the same updates.
 """
 
+from __future__ import annotations
+
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 
-from pipeline.checkpoint import step_folders
 from pipeline.config import check_command_line, register_configs, to_job_config
-from pipeline.driver import stop_signals
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
-from pipeline.reference.trainer import SingleProcessTrainer
+
+if TYPE_CHECKING:
+    from pipeline.reference.trainer import SingleProcessTrainer
 
 register_configs()
 log = logging.getLogger(__name__)
@@ -25,6 +28,9 @@ log = logging.getLogger(__name__)
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
+    # torch and transformers (seconds of imports) once the command line passed its checks.
+    from pipeline.reference.trainer import SingleProcessTrainer
+
     try:
         job = to_job_config(cfg)
         with RunLock(job.train.out_dir):  # its metrics.jsonl and export/ are this job's
@@ -39,6 +45,8 @@ def main(cfg) -> None:
 def _refuse_checkpoints(out_dir: str) -> None:
     """The reference trainer neither writes nor resumes checkpoints: a folder holding those of
     a pipeline.train run is that run's, whose metrics and export it would overwrite."""
+    from pipeline.checkpoint import step_folders
+
     found = step_folders(out_dir)
     if found:
         raise PreflightError(
@@ -66,6 +74,8 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    from pipeline.driver import stop_signals  # Ray: after the checks
+
     stop_signals.install()  # SIGTERM unwinds as Ctrl-C does: the run folder is released
     try:
         main()

@@ -15,13 +15,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target, load_target_head
-from pipeline.ray_start import LOCAL_SYSTEM_CONFIG
+from pipeline.ray_start import LOCAL_SYSTEM_CONFIG, init_local
 
 VOCAB = 96
 MASK_ID = 95
-# The suite's local Ray (a test that needs another cluster brings this one back afterwards).
-RAY_TEST_INIT = {"address": "local", "num_cpus": 4, "include_dashboard": False,
-                 "logging_level": "WARNING", "_system_config": LOCAL_SYSTEM_CONFIG}
+# The suite's local Ray, started by init_local as the driver starts its own (its actors start
+# without a runtime_env); a test that needs another cluster brings this one back afterwards.
+RAY_TEST_INIT = {"num_cpus": 4, "include_dashboard": False, "logging_level": "WARNING",
+                 "_system_config": LOCAL_SYSTEM_CONFIG}
 
 
 def pytest_sessionstart(session):
@@ -38,15 +39,16 @@ def pytest_sessionstart(session):
 _CHEAP_MODULE_FIXTURES = {"ray_session"}
 
 # The files that take longest (each a minute or more of training jobs and CLI runs on 2 cores,
-# measured 2026-12-03), handed out first under xdist so that the short tests fill in around
-# them instead of one long file running alone at the end. Only an order: a file missing here
-# runs later, in collection order.
+# measured 2026-12-03; the driver's death and the run folder's CLI runs moved down after
+# they went to one drafter), handed out first under xdist so that the short tests fill in
+# around them instead of one long file running alone at the end. Only an order: a file
+# missing here runs later, in collection order.
 _START_FIRST = [
     "tests/driver/test_checkpoint_dcp.py", "tests/driver/test_contract.py",
     "tests/driver/test_recovery.py", "tests/driver/test_bucket_pipeline.py",
-    "tests/driver/test_driver_killed.py", "tests/driver/test_run_folder_cli.py",
     "tests/driver/test_equivalence.py", "tests/launch/test_job_submit.py",
     "tests/bench/test_real_model.py", "tests/driver/test_disk_full.py",
+    "tests/driver/test_driver_killed.py", "tests/driver/test_run_folder_cli.py",
     "tests/driver/test_bad_data_cli.py", "tests/driver/test_eval_failures.py",
     "tests/assets/test_build.py", "tests/driver/test_stages.py",
     "tests/driver/test_sigterm_cli.py", "tests/driver/test_eval_offpath.py",
@@ -157,7 +159,8 @@ def tiny_assets():
 
 @pytest.fixture(scope="session")
 def ray_init_args():
-    """How the suite starts its local Ray (a test that needs another cluster restores it)."""
+    """How the suite starts its local Ray, ``init_local(**ray_init_args)`` (a test that needs
+    another cluster restores it so)."""
     return RAY_TEST_INIT
 
 
@@ -168,7 +171,7 @@ def ray_cluster():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(**RAY_TEST_INIT)
+        init_local(**RAY_TEST_INIT)
     yield
     if started:
         ray.shutdown()

@@ -1,4 +1,5 @@
-"""Every actor gets persistent compile caches, and the user's own cache settings win."""
+"""Every actor gets persistent compile caches, and the user's own cache settings win; an
+actor sees actor_env() whether its worker inherited it or got it as a runtime_env."""
 
 from pipeline.ray_start import actor_env
 
@@ -12,3 +13,30 @@ def test_actors_share_a_persistent_compile_cache(monkeypatch):
     assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/fast/disk/inductor")
     assert actor_env()["TORCHINDUCTOR_CACHE_DIR"] == "/fast/disk/inductor"
+
+
+class _Env:
+    def get(self, keys):
+        import os
+        return {k: os.environ.get(k) for k in keys}
+
+
+def test_actors_see_actor_env_with_or_without_a_runtime_env(ray_session, monkeypatch):
+    """On the suite's cluster (started by init_local, as the driver starts its own) an actor
+    inherits actor_env() and needs no runtime_env; a variable changed since is passed."""
+    import ray
+
+    from pipeline import ray_start
+
+    assert ray_start._runtime_env() is None
+    keys = sorted(actor_env())
+    first = ray_start.start_actor(_Env, ray_start.Placement(cpus=0.1))
+    monkeypatch.setenv("WANDB_MODE", "offline-from-the-test")
+    assert ray_start._runtime_env() == {"env_vars": actor_env()}
+    second = ray_start.start_actor(_Env, ray_start.Placement(cpus=0.1))
+    try:
+        assert ray.get(first.get.remote(keys)) == {k: actor_env()[k] for k in keys}
+        assert ray.get(second.get.remote(["WANDB_MODE"])) == {"WANDB_MODE":
+                                                              "offline-from-the-test"}
+    finally:
+        ray_start.kill_actors([first, second])

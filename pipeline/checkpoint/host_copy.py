@@ -15,7 +15,6 @@ import threading
 from typing import Any, Callable
 
 import torch
-from torch.distributed.tensor import DTensor
 
 Spec = tuple[tuple[int, ...], torch.dtype]
 
@@ -60,6 +59,8 @@ class HostPool:
 def snapshot(state: Any, pool: HostPool) -> tuple[Any, list[torch.Tensor]]:
     """``state`` with every tensor replaced by a host copy (containers rebuilt, so later
     changes to the live state never reach the snapshot), and the pool tensors it holds."""
+    from torch.distributed.tensor import DTensor  # only drafters snapshot (see writer.py)
+
     taken: list[torch.Tensor] = []
     on_cuda = False
 

@@ -26,10 +26,13 @@ from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
-from pipeline.checkpoint import sharded
 from pipeline.checkpoint.files import FileRecord, save_state, sha256_file
 from pipeline.checkpoint.host_copy import HostPool, map_tensors, snapshot
 from pipeline.diskfull import is_disk_full
+
+# pipeline.checkpoint.sharded (DCP: torch.distributed.tensor, most of a CPU-second to import)
+# is imported where a drafter writes, not here: every actor and the driver import this module
+# (SaveDone travels in the workers' messages), and only drafters write.
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,8 @@ class AsyncSaver:
 
     def _write(self, state: Any, taken: list, rest: Optional[dict], folder: Path,
                steps_done: int, held: float) -> None:
+        from pipeline.checkpoint import sharded  # a drafter's import (see the top)
+
         t0 = time.perf_counter()
         records: tuple[FileRecord, ...] = ()
         error, code, file = None, None, None
@@ -132,6 +137,8 @@ class AsyncSaver:
 
 def _records(folder: Path) -> list[FileRecord]:
     """Size and sha256 of every file DCP wrote under ``folder`` (all ranks'), read back."""
+    from pipeline.checkpoint import sharded  # a drafter's import (see the top)
+
     root = folder / sharded.DRAFTER_DIR
     return [FileRecord(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p))
             for p in sorted(root.rglob("*")) if p.is_file()]

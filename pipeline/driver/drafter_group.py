@@ -41,10 +41,10 @@ import ray
 
 from pipeline.checkpoint.writer import SaveDone
 from pipeline.dist.rendezvous import MasterAddress
+# The rank that owns the work done once for the group (saves, exports, weights for evals).
+from pipeline.driver.join import OWNER_RANK, collected, only_value, owner_value
 from pipeline.ray_start import run_task
 
-# The rank that owns the work done once for the group (saves, exports, weights for evals).
-OWNER_RANK = 0
 # The step loop's lane for calls queued on the owner behind a step (see AfterStepCall).
 OWNER_LANE = "drafter owner"
 
@@ -100,19 +100,7 @@ class RayCalls:
         return ray.get(refs)
 
     def join(self, refs: list[Any], collect: Callable[[list[Any]], Any]) -> Any:
-        return run_task(_collected, collect, *refs)
-
-
-def _collected(collect: Callable[[list[Any]], Any], *values: Any) -> Any:
-    return collect(list(values))
-
-
-def _only_value(values: list[Any]) -> Any:
-    return values[0]
-
-
-def _owner_value(values: list[Any]) -> Any:
-    return values[OWNER_RANK]
+        return run_task(collected, collect, *refs)
 
 
 @dataclass(frozen=True)
@@ -169,11 +157,11 @@ class DrafterGroup:
         """The handles ``method`` goes to, and how their values become the group's."""
         mode = self.policy[method]
         if mode is Dispatch.RANK_ZERO:
-            return self.handles[:1], _only_value
+            return self.handles[:1], only_value
         if mode is Dispatch.OWNER:
-            return [self.handles[OWNER_RANK]], _only_value
+            return [self.handles[OWNER_RANK]], only_value
         if mode is Dispatch.EVERY_RANK:
-            return self.handles, _owner_value
+            return self.handles, owner_value
         assert mode is Dispatch.EVERY_RANK_AGREED, mode
         return self.handles, _Agreed(method)
 

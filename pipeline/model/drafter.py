@@ -14,7 +14,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RotaryEmbedding, rotate_half
 
 from pipeline.model.config import DrafterSpec, hf_qwen3_config
 from pipeline.model.norm import RMSNorm
@@ -23,10 +22,24 @@ from pipeline.model.norm import RMSNorm
 AttentionMask = Union[torch.Tensor, BlockMask, None]
 
 
+# transformers' Qwen3 modules (MLP, rotary embedding, rotate_half), imported when the first
+# layer is built: the import (transformers' model stack, torch._dynamo) costs over a
+# CPU-second, which a process that only names the drafter's classes (the driver) never needs.
+_qwen3 = None
+
+
+def _qwen3_modules():
+    global _qwen3
+    if _qwen3 is None:
+        from transformers.models.qwen3 import modeling_qwen3
+        _qwen3 = modeling_qwen3
+    return _qwen3
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # cos/sin: [N, L, D] -> broadcast over heads of x: [N, heads, L, D]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + rotate_half(x) * sin
+    return x * cos + _qwen3.rotate_half(x) * sin  # _qwen3: set by DFlashAttention's constructor
 
 
 _compiled_flex = None
@@ -73,6 +86,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
 class DFlashAttention(nn.Module):
     def __init__(self, hf_config) -> None:
         super().__init__()
+        _qwen3_modules()  # for _rope
         c = hf_config
         self.head_dim = c.head_dim
         self.num_heads = c.num_attention_heads
@@ -105,7 +119,7 @@ class DFlashLayer(nn.Module):
     def __init__(self, hf_config) -> None:
         super().__init__()
         self.self_attn = DFlashAttention(hf_config)
-        self.mlp = Qwen3MLP(hf_config)
+        self.mlp = _qwen3_modules().Qwen3MLP(hf_config)
         self.input_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size,
                                                      eps=hf_config.rms_norm_eps)
@@ -126,7 +140,7 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(spec.feature_size, hf.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
         self.norm = RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(hf)
+        self.rotary_emb = _qwen3_modules().Qwen3RotaryEmbedding(hf)
         self.reset_parameters(hf.initializer_range)
 
     @torch.no_grad()

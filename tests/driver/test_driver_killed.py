@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _command(train_path, out):
     return [sys.executable, "-m", "pipeline.train", "cluster.cpus_per_actor=0.5",
-            "train.eval.every=-1", "data.micro_batch_size=2", "train.plan.epochs=2",
+            "cluster.drafters_per_node=1", "train.eval.every=-1", "data.micro_batch_size=4",
+            "train.plan.epochs=2",
             "train.checkpoint.every=1", "train.checkpoint.resume=auto", "train.log_every=100",
             f"data.train_path={train_path}", f"train.out_dir={out}"]
 
@@ -33,7 +34,8 @@ def test_a_killed_driver_continues_when_the_command_is_resubmitted(tiny_assets, 
                                                                    tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")
-    # 12 samples, 2 drafters x 2: 3 steps an epoch, 6 in all, a checkpoint after each.
+    # 12 samples, 1 drafter x 4: 3 steps an epoch, 6 in all, a checkpoint after each (one
+    # drafter: what is checked is the driver's death and the resubmitted command, not ranks).
     data = tmp_path / "twelve.jsonl"
     data.write_text("".join(small_train_file.read_text().splitlines(True)[:12]))
     cmd = _command(data, out)

@@ -20,6 +20,7 @@ from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport
 from pipeline.job_data import load_job_data
+from pipeline.ray_start import init_local
 from pipeline.resolve import resolve_job
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader, SlotRing
@@ -47,7 +48,7 @@ def two_nodes(request, tiny_assets, ray_init_args):
         ray.shutdown()
         cluster.shutdown()
         if restore:
-            ray.init(**ray_init_args)
+            init_local(**ray_init_args)
 
 
 def _job(cluster, tmp_path, train_file, *extra):

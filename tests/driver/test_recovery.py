@@ -120,9 +120,12 @@ def test_a_lost_drafter_restarts_the_drafters_only(ray_cluster, small_train_file
 
 def test_a_lost_actor_ends_the_job_when_no_restart_is_left(ray_cluster, small_train_file,
                                                            tmp_path, caplog):
+    # One drafter (of 4 samples a micro-batch: the 6 steps of the others): the loss of the
+    # only one ends the job as the loss of one of two does.
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
                                         f"train.out_dir={tmp_path / 'run'}",
                                         "train.recovery.max_restarts=0",
+                                        "cluster.drafters_per_node=1", "data.micro_batch_size=4",
                                         "train.plan.epochs=1"]))
     driver.step_listeners.append(_kill_at(driver, 2, "drafter", "ray.kill"))
     with pytest.raises(ray.exceptions.RayError):

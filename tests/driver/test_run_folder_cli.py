@@ -23,12 +23,13 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
     out = tmp_path / "run"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    args = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "data.micro_batch_size=2",
+    args = ["cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
+            "train.eval.every=-1", "data.micro_batch_size=2",
             "train.plan.epochs=5000", "train.checkpoint.every=1", "train.log_every=1000",
             f"data.train_path={small_train_file}", f"train.out_dir={out}",
             "train.checkpoint.resume=null"]
-    # 5000 epochs of 6 steps: the first job is still training when Ctrl-C comes however slow
-    # the machine (with 100, a loaded CI machine saw it end its 600 steps first).
+    # 5000 epochs: the first job is still training when Ctrl-C comes however slow
+    # the machine (with 100, a loaded CI-like run saw it end all its steps first).
     cmd = [sys.executable, "-m", "pipeline.train", *args]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)

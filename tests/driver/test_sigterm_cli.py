@@ -22,7 +22,8 @@ def test_sigterm_after_a_checkpoint_says_how_to_resume(tiny_assets, small_train_
     # Many epochs: the job is still training (a checkpoint after every step, one being
     # written at almost any moment) when the signal comes.
     cmd = [sys.executable, "-m", "pipeline.train", "cluster.cpus_per_actor=0.5",
-           "train.eval.every=-1", "data.micro_batch_size=2", "train.plan.epochs=100",
+           "cluster.drafters_per_node=1", "train.eval.every=-1", "data.micro_batch_size=2",
+           "train.plan.epochs=100",
            "train.checkpoint.every=1", "train.log_every=1000",
            f"data.train_path={small_train_file}", f"train.out_dir={out}"]
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
