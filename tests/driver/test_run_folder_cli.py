@@ -25,11 +25,11 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     args = ["cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
             "train.eval.every=-1", "data.micro_batch_size=2",
-            "train.plan.epochs=5000", "train.checkpoint.every=1", "train.log_every=1000",
+            "train.plan.epochs=100", "train.checkpoint.every=1", "train.log_every=1000",
             f"data.train_path={small_train_file}", f"train.out_dir={out}",
             "train.checkpoint.resume=null"]
-    # 5000 epochs: the first job is still training when Ctrl-C comes however slow
-    # the machine (with 100, a loaded CI-like run saw it end all its steps first).
+    # One drafter: 1,200 steps of 100 epochs, twice the steps the two-drafter version had (a
+    # CI-like run at load 19 saw those 600 end before Ctrl-C came).
     cmd = [sys.executable, "-m", "pipeline.train", *args]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
