@@ -28,8 +28,8 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
             "train.plan.epochs=100", "train.checkpoint.every=1", "train.log_every=1000",
             f"data.train_path={small_train_file}", f"train.out_dir={out}",
             "train.checkpoint.resume=null"]
-    # One drafter: 1,200 steps of 100 epochs, twice the steps the two-drafter version had (a
-    # CI-like run at load 19 saw those 600 end before Ctrl-C came).
+    # With two drafters a CI-like run at load 19 saw the 600 steps of 100 epochs end before
+    # Ctrl-C came; one drafter takes more steps an epoch, each with less to do in parallel.
     cmd = [sys.executable, "-m", "pipeline.train", *args]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
