@@ -39,7 +39,7 @@ def _qwen3_modules():
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # cos/sin: [N, L, D] -> broadcast over heads of x: [N, heads, L, D]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _qwen3.rotate_half(x) * sin  # _qwen3: set by DFlashAttention's constructor
+    return x * cos + _qwen3_modules().rotate_half(x) * sin
 
 
 _compiled_flex = None
@@ -86,7 +86,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
 class DFlashAttention(nn.Module):
     def __init__(self, hf_config) -> None:
         super().__init__()
-        _qwen3_modules()  # for _rope
         c = hf_config
         self.head_dim = c.head_dim
         self.num_heads = c.num_attention_heads
