@@ -144,27 +144,29 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
             figures["sdpa_backends"] = sdpa_backends(decoder, span)
         decoder.block_masks = attention == "flex"  # flex's step takes a block mask
         try:
-            _time_variant(decoder, model, attention, span, steps, device, figures, tables,
-                          profile, rows, out)
+            _time_variant(decoder, attention, span, steps, figures, tables, profile)
         except Exception as e:  # one variant failing (a kernel that will not compile) is a
             # figure of its own; the others' figures stand
             figures["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
             log.error("decode step, %s: %s", attention, figures["error"])
-            out["variants"][attention] = figures
-            continue
-        best = figures.get("captured_ms", figures["uncaptured_ms"])
-        figures["ceiling_share"] = figures["ceiling_ms"] / best
+        else:
+            best = figures.get("captured_ms", figures["uncaptured_ms"])
+            figures["ceiling_share"] = figures["ceiling_ms"] / best
         out["variants"][attention] = figures
+    if tables:
+        out["profile"] = str(profile)
     decoder = None  # its cache freed before empty_cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
 
 
-def _time_variant(decoder, model, attention: str, span: int, steps: int, device, figures: dict,
-                  tables: list, profile: Optional[Path], rows: int, out: dict) -> None:
-    """One variant's uncaptured and captured ms/step (and its profile) into ``figures``."""
-    with swapped(model, attention):
+def _time_variant(decoder: StaticDecoder, attention: str, span: int, steps: int, figures: dict,
+                  tables: list, profile: Optional[Path]) -> None:
+    """One variant's uncaptured and captured ms/step into ``figures``; with ``profile``, its
+    kernel tables appended to ``tables`` and all of them written there."""
+    device, rows = decoder.device, decoder.rows
+    with swapped(decoder.model, attention):
         decoder._step(span)  # warm-up: kernels pick their algorithms
         _sync(device)
         t0 = time.perf_counter()
@@ -191,5 +193,4 @@ def _time_variant(decoder, model, attention: str, span: int, steps: int, device,
                                         f"{attention}: 3 captured replays"))
             profile.parent.mkdir(parents=True, exist_ok=True)
             profile.write_text("".join(tables))
-            out["profile"] = str(profile)
 
