@@ -4,7 +4,7 @@
     python -m bench.plot_real_model --result OUT/real_model.json --png OUT/curve.png
 
 Left: tau on HumanEval (block 16) against the training samples the drafter saw as distinct
-samples, every point trained for the same steps (smaller sets for more epochs); middle: the same
+samples, every point trained for the same epochs (older runs: the same steps); middle: the same
 points against their GPU minutes (device share while training plus their share of the
 regeneration), with the drafters stage's figures (the evaluator, the export decoded apart) at
 the full set; right: tau along the drafters stage's training, both trainers. The data curve
@@ -54,14 +54,20 @@ def plot(result: dict, png: Path, curve_result: dict | None = None) -> None:
                       label=name)
     left.set_ylabel("tau on HumanEval, block 16")
     left.legend(loc="lower right", fontsize=8)
-    left.set_title(f"data curve, {curve.get('data_curve_steps', '?')} steps of 32 each",
-                   fontsize=9)
+    left.set_title(_curve_budget(curve), fontsize=9)
     _along_training(along, result)
     target = result.get("target", {}).get("name", "target")
     fig.suptitle(f"SmolLM2-135M-Instruct ({target}): tau on HumanEval")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
+
+
+def _curve_budget(curve: dict) -> str:
+    """What every curve point was trained for: epochs (this bench), or steps (older runs)."""
+    if "data_curve_epochs" in curve:
+        return f"data curve, {curve['data_curve_epochs']} epochs each"
+    return f"data curve, {curve.get('data_curve_steps', '?')} steps of 32 each"
 
 
 def _along_training(ax, result: dict) -> None:
@@ -77,7 +83,7 @@ def _along_training(ax, result: dict) -> None:
                 xytext=(-24, 6))
     samples = result.get("train_samples", "?")
     ax.set_title(f"along training, {samples} samples, "
-                 f"{trainers.get('pipeline', {}).get('steps', '?')} steps of 32", fontsize=9)
+                 f"{trainers.get('pipeline', {}).get('steps', '?')} steps", fontsize=9)
     ax.set_xlabel("training step")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)

@@ -1,13 +1,13 @@
 """A drafter for a real pretrained model, SmolLM2-135M-Instruct from its GGUF file (issue 33).
 
-    # H200, two commands of ~3 and ~6.5 minutes (estimates; sizes are flags, see
-    # bench/real_model_scale.py):
-    python -m bench.real_model --out docs/bench --work /tmp/real --until data
-    python -m bench.real_model --out docs/bench --work /tmp/real --curve
+    # H200: one command (~24 GPU-minutes; sizes are flags, see bench/real_model_scale.py),
+    # run in the background and polled over device calls; a second call resumes it.
+    python -m bench.real_model --out docs/bench --work /tmp/real --prompts PROMPTS --curve
     python -m bench.real_model --scale tiny --out /tmp/r_out --work /tmp/r_work  # CPU, minutes
 
 Stages, each resumable (``WORK/state.json`` records those done; a call runs the ones not done,
-up to ``--until``):
+up to ``--until``). The first five are the chain a user runs (its GPU minutes are the
+issue's budget); the others check and explore beside it:
 1. convert: the GGUF file into a cached HF folder (pipeline/assets/gguf.py), as ``target.path``
    does in every trainer;
 2. prompts: prompts-only chat lines about every documented API on the machine, split by source
@@ -15,18 +15,19 @@ up to ``--until``):
 3. data: training, HumanEval and held-out ``explain`` prompts answered greedily by the target
    in one ``python -m pipeline.regenerate`` call; the answers' distinct 4-grams and the share
    that ended their turn;
-4. drafters: ``python -m pipeline.train --config-name smollm2_135m`` and
-   ``python -m pipeline.train_single`` with the same overrides, side by side (tau on HumanEval
-   from the evaluator and the reference run);
+4. drafters: ``python -m pipeline.train --config-name smollm2_135m`` alone on the device, tau
+   on HumanEval from its evaluator along the way;
 5. export: the pipeline's export decoded apart (bench/quality/reference_decode.py) on HumanEval
    and on the held-out explain prompts, with acceptance per block position;
-6. recipes (``--recipe NAME KEY=VALUE ...``, repeatable): the reference trainer once per
+6. reference: ``python -m pipeline.train_single`` with the same overrides, and with
+   ``--curve`` the data curve: the same trainer on N/16, N/8 and N/4 of the answers, all at
+   once on the device;
+7. recipes (``--recipe NAME KEY=VALUE ...``, repeatable): the reference trainer once per
    variant of the drafters stage's overrides, all at once on the device, tau along the way;
-   never marked done: a later call trains only the names not yet measured;
-7. curve (``--curve``): the reference trainer on 4 data sizes over a 16x range.
+   never marked done: a later call trains only the names not yet measured.
 
 ``--set KEY=VALUE`` (repeatable) changes every trainer's overrides (the drafters stage's, the
-recipes', the curve's), e.g. ``--set data.batching=pack``.
+reference's, the curve's, the recipes'), e.g. ``--set drafter.gamma=2``.
 
 Writes ``OUT/real_model.json`` (keys listed in issue 33: target, train_samples, the taus,
 greedy_distinct_4grams, greedy_ended_share, gpu_minutes by stage, data_curve) and the last
@@ -47,13 +48,13 @@ import torch
 
 from bench.quality import proc
 from bench.real_model_scale import SCALES, RealScale
-from bench.real_model_steps import STAGES, Work, run_stage
+from bench.real_model_steps import CHAIN, STAGES, Work, run_stage
 
 log = logging.getLogger("bench.real_model")
 _MARKER = ".real_model"
 
 
-def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dict:
+def run(scale: RealScale, out: Path, work: Path, until: str) -> dict:
     """The stages not yet done, in order, up to ``until``; the result so far is kept."""
     state_path = work / "state.json"
     state = (json.loads(state_path.read_text()) if state_path.exists()
@@ -62,7 +63,7 @@ def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dic
     result.update({"scale": scale.name, "device": scale.device})
     w = Work(work)
     # recipes: never marked done; each call trains the --recipe names not yet measured.
-    wanted = [s for s in STAGES if (s != "curve" or curve) and (s != "recipes" or scale.recipes)]
+    wanted = [s for s in STAGES if s != "recipes" or scale.recipes]
     stop = wanted.index(until) + 1 if until in wanted else len(wanted)
     try:
         for stage in wanted[:stop]:
@@ -78,8 +79,10 @@ def run(scale: RealScale, out: Path, work: Path, until: str, curve: bool) -> dic
                 state["done"].append(stage)
             state_path.write_text(json.dumps(state, indent=2))
     finally:
-        result["gpu_minutes"]["total"] = round(sum(
-            v for k, v in result["gpu_minutes"].items() if k != "total"), 2)
+        minutes = result["gpu_minutes"]
+        minutes["chain"] = round(sum(minutes.get(k, 0) for k in CHAIN), 2)
+        minutes["total"] = round(sum(v for k, v in minutes.items()
+                                     if k not in ("chain", "total")), 2)
         state_path.write_text(json.dumps(state, indent=2))
         for path in sorted((work / "logs").glob("*.log")) if (work / "logs").exists() else []:
             (out / f"real_model_{path.name}").write_text(proc.tail(path, 120))
@@ -101,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="small results: real_model.json, log tails")
     p.add_argument("--work", default="/tmp/real_model", help="large files: target, data, runs")
     p.add_argument("--scale", default="h200", choices=sorted(SCALES))
-    p.add_argument("--until", default="curve", choices=STAGES, help="stop after this stage")
-    p.add_argument("--curve", action="store_true", help="also the reference's data curve")
+    p.add_argument("--until", default=STAGES[-1], choices=STAGES, help="stop after this stage")
+    p.add_argument("--curve", action="store_true",
+                   help="the reference stage also trains on N/16, N/8, N/4 (the data curve)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override for every trainer (repeatable; replaces the bench's own "
                         "value of that key)")
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
              for flag, _ in _SIZE_FLAGS}
     scale = SCALES[args.scale].with_sizes(
         gguf=args.gguf, humaneval=args.humaneval, prompts_dir=args.prompts,
-        extra=tuple(_overrides(p, "--set", args.set)), recipes=_recipes(p, args.recipe), **sizes)
+        extra=tuple(_overrides(p, "--set", args.set)), recipes=_recipes(p, args.recipe),
+        curve=args.curve or None, **sizes)
     if scale.device == "cuda" and not torch.cuda.is_available():
         p.exit(2, f"{p.prog}: error: --scale {scale.name} needs CUDA; use --scale tiny\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                         handlers=[logging.StreamHandler(),
                                   logging.FileHandler(out / "real_model.log", "a")])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = run(scale, out, work, args.until, args.curve)
+    result = run(scale, out, work, args.until)
     keys = ("train_samples", "tau_humaneval_pipeline", "tau_humaneval_reference",
             "tau_humaneval_reference_code", "tau_second_heldout", "greedy_distinct_4grams",
             "greedy_ended_share", "gpu_minutes")
@@ -177,8 +182,9 @@ def _recipes(p: argparse.ArgumentParser, given: list[list[str]]) -> tuple:
 
 
 # The figures each stage must leave; a stage whose subprocess failed records None instead.
-_FIGURES = {"drafters": ("tau_humaneval_pipeline", "tau_humaneval_reference"),
-            "export": ("tau_humaneval_reference_code", "tau_second_heldout")}
+_FIGURES = {"drafters": ("tau_humaneval_pipeline",),
+            "export": ("tau_humaneval_reference_code", "tau_second_heldout"),
+            "reference": ("tau_humaneval_reference",)}
 
 
 def missing_figures(done: list[str], result: dict) -> list[str]:
@@ -187,7 +193,7 @@ def missing_figures(done: list[str], result: dict) -> list[str]:
                if result.get(key) is None]
     missing += [f"tau of recipe {name}" for name, row in result.get("recipes", {}).items()
                 if row.get("tau") is None]
-    if "curve" in done:
+    if "reference" in done:
         missing += [f"data_curve tau at {row['samples']} samples"
                     for row in result.get("data_curve", []) if row.get("tau") is None]
     return missing

@@ -1,14 +1,13 @@
-"""Sizes of bench/real_model.py per scale: ``h200`` (one H200, ~16 GPU-minutes) and ``tiny``.
+"""Sizes of bench/real_model.py per scale: ``h200`` (one H200) and ``tiny`` (CPU, minutes).
 
-Measured on one H200 on 2026-12-03 (docs/BENCHMARKS.md), as one background job polled over
-device calls back to back: convert 0.6 min (dequantising 98 MB on the CPU), data 3.4 min
-(SmolLM2-135M answers 24,576 + 164 + 64 prompts of at most 192 new tokens, batch 512; prompts
-built on another machine and passed with ``--prompts``), drafters 9.9 min (both trainers side
-by side, 3 epochs = 2,271 steps of 32, tau every 400 steps), export 2.4 min (the export decoded
-apart on 32 HumanEval and 32 held-out prompts). ``--curve`` adds the reference on three
-smaller data sizes, at once, each for the same steps (3.2 min at 768 steps; about three times
-that at 2,304). Every size is a flag of bench/real_model.py, so a run can be cut to the GPU
-time at hand; every stage holds the machine, so each counts its wall time as GPU minutes.
+The h200 scale, from the run of 2026-12-03 (docs/BENCHMARKS.md: 24,576 answers, 3 epochs of
+padded micro-batches of 32, 3 layers: tau 2.75, the curve flattening): every answer the
+prompts give (57,286; regeneration ~29k tokens/s at batch 512, about 5.5 minutes), packed
+micro-batches (a pool of 8,192 anchor blocks, all real: the padded rows spent a third of their
+blocks and of the target's tokens on padding), 2 epochs, 5 layers. The pipeline trains alone
+(its wall is the chain's); the reference and the data curve's runs follow, side by side.
+Every size is a flag of bench/real_model.py, so a run can be cut to the GPU time at hand;
+every stage holds the machine, so each counts its wall time as GPU minutes.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ class RealScale:
     prompts_dir: Optional[str] = None  # prompt files built elsewhere (bench.real_model_prompts)
     heldout_fraction: float = 0.05  # of source modules, by a hash of the module's name
     max_corpus_chars: int = 40_000_000  # a hash-ordered spread over every package (0: all)
-    train_prompts: int = 24576
+    train_prompts: int = 57286
     heldout_prompts: int = 64  # held-out modules' explain prompts (the second held-out set)
     humaneval_prompts: int = 164
     # Regeneration.
@@ -41,18 +40,22 @@ class RealScale:
     regen_batch_size: int = 512
     # Drafters: overrides of the smollm2_135m preset.
     block_size: int = 16
-    drafter_layers: int = 3
+    drafter_layers: int = 5
     target_layer_ids: Optional[tuple[int, ...]] = None  # None: the preset's
     mask_token_id: Optional[int] = None  # None: the preset's
     num_anchors: int = 256
-    micro_batch_size: int = 32
-    epochs: int = 3
-    # Three epochs of the training prompts at micro-batch 32 (tau 2.09 after one, 2.75 after
-    # three: docs/BENCHMARKS.md); each data-curve run takes as many (--max-steps to change).
-    max_steps: int = 2304
+    micro_batch_size: int = 32  # batching=pad only
+    # "pack": each micro-batch takes samples until their anchors fill ``anchors_per_micro_batch``
+    # blocks (at most ``tokens_per_micro_batch`` // bucket rows for the target): ~48 samples.
+    batching: str = "pack"
+    tokens_per_micro_batch: Optional[int] = 24576
+    anchors_per_micro_batch: Optional[int] = 8192
+    epochs: int = 2
+    max_steps: Optional[int] = None  # None: the epochs decide; each curve run takes as many
     lr: float = 1.5e-3
     max_length: int = 768
     eval_every: int = 400
+    curve: bool = False  # the reference also on N/16, N/8, N/4 of the training set (--curve)
     eval_prompts: int = 32  # HumanEval prompts the evaluator and the export decode
     eval_max_new_tokens: int = 128
     attention: str = "flex"
@@ -65,9 +68,8 @@ class RealScale:
     extra: tuple[str, ...] = ()
     recipes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
-    regen_budget_s: float = 200.0
-    train_budget_s: float = 700.0
-    curve_budget_s: float = 240.0  # each --curve run (the three share the device)
+    regen_budget_s: float = 420.0
+    train_budget_s: float = 600.0  # the reference's (and the curve's, sharing): twice this
 
     def with_sizes(self, **sizes) -> "RealScale":
         """This scale with the flags given (None: unchanged)."""
@@ -84,10 +86,11 @@ TINY = RealScale(
     heldout_fraction=0.5,
     train_prompts=48, heldout_prompts=4, humaneval_prompts=4, max_new_tokens=24,
     regen_batch_size=32, block_size=4, drafter_layers=1, target_layer_ids=(1, 2, 4),
-    mask_token_id=3, num_anchors=16, micro_batch_size=4, epochs=1, max_steps=4, lr=3e-3,
+    mask_token_id=3, num_anchors=16, micro_batch_size=4, batching="pad",
+    tokens_per_micro_batch=None, anchors_per_micro_batch=None, epochs=1, max_steps=4, lr=3e-3,
     max_length=512, eval_every=0, eval_prompts=2, eval_max_new_tokens=12, attention="sdpa",
     compile="off", cluster_device="cpu", cpus_per_actor=0.5,
-    regen_budget_s=300.0, train_budget_s=400.0, curve_budget_s=200.0)
+    regen_budget_s=300.0, train_budget_s=400.0)
 
 SCALES = {s.name: s for s in (H200, TINY)}
 
@@ -116,8 +119,11 @@ def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_pa
         f"drafter.compile={scale.compile}",
         f"data.train_path={train_path}", f"data.heldout_path={heldout_path}",
         f"data.max_length={scale.max_length}", f"data.micro_batch_size={scale.micro_batch_size}",
+        f"data.batching={scale.batching}",
+        f"data.tokens_per_micro_batch={_value(scale.tokens_per_micro_batch)}",
+        f"data.anchors_per_micro_batch={_value(scale.anchors_per_micro_batch)}",
         f"train.plan.epochs={scale.epochs}",
-        f"train.plan.max_steps={max_steps if max_steps is not None else scale.max_steps}",
+        f"train.plan.max_steps={_value(max_steps if max_steps is not None else scale.max_steps)}",
         f"train.optim.lr={scale.lr}", f"train.eval.every={scale.eval_every}",
         f"train.eval.prompts={scale.eval_prompts}",
         f"train.eval.max_new_tokens={scale.eval_max_new_tokens}",
@@ -128,3 +134,7 @@ def trainer_overrides(scale: RealScale, target: str, train_path: str, heldout_pa
     if scale.mask_token_id is not None:
         over.append(f"drafter.mask_token_id={scale.mask_token_id}")
     return merge_overrides(over, scale.extra, recipe)
+
+
+def _value(x) -> str:
+    return "null" if x is None else str(x)

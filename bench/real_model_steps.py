@@ -23,9 +23,12 @@ from bench.real_model_scale import RealScale, trainer_overrides
 
 log = logging.getLogger(__name__)
 
-STAGES = ("convert", "prompts", "data", "drafters", "export", "recipes", "curve")
+STAGES = ("convert", "prompts", "data", "drafters", "export", "reference", "recipes")
+# What a user runs to get a drafter: regeneration, training, evaluation (the issue's 20-minute
+# chain). The reference trainer, its data curve and the recipes check and explore beside it.
+CHAIN = ("convert", "prompts", "data", "drafters", "export")
 SETS = ("train", "humaneval", "explain")  # the regenerated sets, in regen input order
-CURVE_POINTS = 4  # data sizes over a 16x range: N, N/2.5, N/6.3, N/16
+CURVE_FRACTIONS = (16, 8, 4)  # the curve's smaller sizes: N/16, N/8, N/4 (and N: 16x in all)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def run_stage(stage: str, scale: RealScale, w: Work, result: dict) -> dict:
     # Every subprocess converts (or finds) the GGUF in the same cache as this process.
     os.environ.setdefault("DFLASH_GGUF_CACHE", str(w.path("gguf_cache")))
     return {"convert": convert, "prompts": prompts, "data": data, "drafters": drafters,
-            "export": export, "recipes": recipes, "curve": curve}[stage](scale, w, result)
+            "export": export, "reference": reference, "recipes": recipes}[stage](scale, w, result)
 
 
 def gguf_path(scale: RealScale, w: Work) -> str:
@@ -185,17 +188,11 @@ def _run_summary(c, finished: proc.Finished) -> dict:
 
 
 def drafters(scale: RealScale, w: Work, result: dict) -> dict:
-    """Both trainers side by side on the one device, the same overrides."""
-    jobs = {"pipeline": _trainer("pipeline", "pipeline.train", scale, w, w.data("train")),
-            "reference": _trainer("reference", "pipeline.train_single", scale, w,
-                                  w.data("train"))}
-    done = {name: proc.wait(job) for name, job in jobs.items()}
-    curves = {"pipeline": read_pipeline(w.run_dir("pipeline")),
-              "reference": read_single(w.run_dir("reference"), done["reference"].log_path)}
-    summary = {name: _run_summary(c, done[name]) for name, c in curves.items()}
-    return {"tau_humaneval_pipeline": curves["pipeline"].final_tau,
-            "tau_humaneval_reference": curves["reference"].final_tau,
-            "reference_wall_s": round(done["reference"].wall_s, 1), "trainers": summary}
+    """The pipeline's run alone on the device: its wall is the chain's training time."""
+    finished = proc.wait(_trainer("pipeline", "pipeline.train", scale, w, w.data("train")))
+    c = read_pipeline(w.run_dir("pipeline"))
+    return {"tau_humaneval_pipeline": c.final_tau, "pipeline_wall_s": round(finished.wall_s, 1),
+            "trainers": {**result.get("trainers", {}), "pipeline": _run_summary(c, finished)}}
 
 
 def export(scale: RealScale, w: Work, result: dict) -> dict:
@@ -240,7 +237,7 @@ def recipes(scale: RealScale, w: Work, result: dict) -> dict:
     """The reference trainer once per ``--recipe`` not yet measured, all at once on the
     device, each with the drafters stage's overrides plus its own, tau every
     ``eval_every`` steps. A recipe's GPU minutes are its device share (wall / runs sharing
-    it); the drafters stage's reference run is the base they compare with."""
+    it); the reference stage's run is the base they compare with."""
     done = dict(result.get("recipes", {}))
     todo = [(name, over) for name, over in scale.recipes if name not in done]
     jobs = {name: _trainer(f"recipe_{name}", "pipeline.train_single", scale, w,
@@ -256,38 +253,43 @@ def recipes(scale: RealScale, w: Work, result: dict) -> dict:
     return {"recipes": done}
 
 
-def curve_sizes(total: int) -> list[int]:
-    """``CURVE_POINTS`` training-set sizes, geometric from total/16 up to total."""
-    return [max(1, round(total * 16 ** (-k / (CURVE_POINTS - 1))))
-            for k in range(CURVE_POINTS - 1, -1, -1)]
+def curve_sizes(total: int, curve: bool) -> list[int]:
+    """The reference's training-set sizes: ``total``, and with the curve total/16, /8, /4."""
+    return [max(1, round(total / k)) for k in (CURVE_FRACTIONS if curve else ())] + [total]
 
 
-def curve(scale: RealScale, w: Work, result: dict) -> dict:
-    """The reference trainer on N/16, N/6.3, N/2.5 training samples, the three at once on the
-    device, each for the drafters stage's steps (smaller sets see more epochs), and the drafters
-    stage's reference run as the point N (it shared the device with the pipeline's run).
+def reference(scale: RealScale, w: Work, result: dict) -> dict:
+    """The single-process reference trainer with the pipeline's overrides on the full set, and
+    (``--curve``) on the first N/16, N/8 and N/4 of it, all at once on the device: the same
+    epochs each (at most the same steps), so a smaller set takes fewer steps.
 
-    A point's GPU minutes are its share of the device while it trained (wall / runs sharing
-    it) plus its share of the regeneration (n / N of the data stage's minutes)."""
+    A data-curve point's GPU minutes are its share of the device while it trained (wall / runs
+    sharing it) plus its share of the regeneration (n / N of the data stage's minutes)."""
     lines = w.data("train").read_text().splitlines()
     regen_minutes = result.get("gpu_minutes", {}).get("data", 0.0)
-    sizes = curve_sizes(len(lines))[:-1]
+    sizes = curve_sizes(len(lines), scale.curve)
     jobs = {}
     for n in sizes:
-        subset = w.data(f"train_{n}")
-        subset.write_text("\n".join(lines[:n]) + "\n")
-        jobs[n] = _trainer(f"curve_{n}", "pipeline.train_single", scale, w, subset,
-                           budget_s=scale.curve_budget_s)
-    rows = []
-    for n, job in jobs.items():
+        subset = w.data("train") if n == len(lines) else w.data(f"train_{n}")
+        if n != len(lines):
+            subset.write_text("\n".join(lines[:n]) + "\n")
+        name = "reference" if n == len(lines) else f"curve_{n}"
+        jobs[n] = (name, _trainer(name, "pipeline.train_single", scale, w, subset,
+                                  budget_s=scale.train_budget_s * (2 if scale.curve else 1)))
+    rows, figures = [], {}
+    for n, (name, job) in jobs.items():
         done = proc.wait(job)
-        tau = read_single(w.run_dir(f"curve_{n}"), done.log_path).final_tau
-        rows.append({"samples": n, "tau": tau, "wall_minutes": round(done.wall_s / 60, 2),
-                     "sharing_device": len(jobs),
+        c = read_single(w.run_dir(name), done.log_path)
+        rows.append({"samples": n, "tau": c.final_tau, "steps": c.steps[-1] if c.steps else 0,
+                     "wall_minutes": round(done.wall_s / 60, 2), "sharing_device": len(jobs),
                      "gpu_minutes": round(done.wall_s / 60 / len(jobs)
                                           + regen_minutes * n / len(lines), 2)})
-    rows.append({"samples": len(lines), "tau": result["tau_humaneval_reference"],
-                 "wall_minutes": round(result["reference_wall_s"] / 60, 2), "sharing_device": 2,
-                 "gpu_minutes": round(result["reference_wall_s"] / 60 / 2 + regen_minutes, 2)})
-    log.info("data curve: %s", rows)
-    return {"data_curve": rows, "data_curve_steps": scale.max_steps}
+        if name == "reference":
+            figures = {"tau_humaneval_reference": c.final_tau,
+                       "reference_wall_s": round(done.wall_s, 1),
+                       "trainers": {**result.get("trainers", {}),
+                                    "reference": _run_summary(c, done)}}
+    log.info("reference runs: %s", rows)
+    if scale.curve:
+        figures.update(data_curve=rows, data_curve_epochs=scale.epochs)
+    return figures

@@ -35,8 +35,9 @@ def _bench(args, tmp_path):
 
 
 def test_curve_spans_16x_in_4_sizes():
-    assert curve_sizes(1600) == [100, 252, 635, 1600]
-    assert curve_sizes(3) == [1, 1, 1, 3]
+    assert curve_sizes(1600, curve=True) == [100, 200, 400, 1600]
+    assert curve_sizes(3, curve=True) == [1, 1, 1, 3]
+    assert curve_sizes(1600, curve=False) == [1600]
 
 
 def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
@@ -45,17 +46,19 @@ def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
     state = json.loads((tmp_path / "work" / "state.json").read_text())
     assert state["done"] == ["convert", "prompts", "data"]
     # Goes on from the drafters; --set replaces the bench's own value of a key, for every
-    # trainer, and a recipe adds its overrides to those.
-    second = _bench(["--until", "recipes", "--set", "drafter.num_anchors=8",
+    # trainer (packed micro-batches here, as the h200 scale trains), and a recipe adds its
+    # overrides to those.
+    second = _bench(["--curve", "--set", "drafter.num_anchors=8", "--set", "data.batching=pack",
                      "--recipe", "g2", "drafter.gamma=2"], tmp_path)
     output = second.stdout + second.stderr
     assert second.returncode == 0, output[-3000:]
     assert "=== convert" not in output and "=== drafters" in output
     commands = [line for line in output.splitlines() if "-m pipeline.train" in line]
-    assert len(commands) == 3  # pipeline, reference, the recipe
+    # The pipeline alone, then the reference beside the curve's N/16, N/8, N/4, then the recipe.
+    assert len(commands) == 6
     assert all("drafter.num_anchors=8" in c and "drafter.num_anchors=16" not in c
-               for c in commands)
-    assert ["drafter.gamma=2" in c for c in commands] == [False, False, True]
+               and "data.batching=pack" in c for c in commands)
+    assert ["drafter.gamma=2" in c for c in commands] == [False] * 5 + [True]
     result = json.loads((tmp_path / "out" / "real_model.json").read_text())
     assert result["target"]["model_type"] == "llama" and result["target"]["parameters"] > 0
     assert result["train_samples"] == 16
@@ -64,8 +67,15 @@ def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
         assert result[key] is not None and result[key] >= 1.0, key
     assert 0 <= result["greedy_distinct_4grams"] <= 1 and 0 <= result["greedy_ended_share"] <= 1
     assert len(result["tau_per_position"]["humaneval"]) == 3  # block 4: positions 1..3
-    assert set(result["gpu_minutes"]) >= {"convert", "prompts", "data", "drafters", "export",
-                                          "recipes", "total"}
+    minutes = result["gpu_minutes"]
+    assert set(minutes) >= {"convert", "prompts", "data", "drafters", "export", "reference",
+                            "recipes", "chain", "total"}
+    assert minutes["chain"] == pytest.approx(sum(minutes[k] for k in (
+        "convert", "prompts", "data", "drafters", "export")), abs=0.02)
+    assert [row["samples"] for row in result["data_curve"]] == [1, 2, 4, 16]
+    assert all(row["tau"] >= 1.0 and row["sharing_device"] == 4 for row in result["data_curve"])
+    assert result["data_curve"][-1]["tau"] == result["tau_humaneval_reference"]
+    assert set(result["trainers"]) == {"pipeline", "reference"}
     recipe = result["recipes"]["g2"]
     assert recipe["overrides"] == ["drafter.gamma=2"] and recipe["tau"] >= 1.0
     assert recipe["steps"] == 2 and recipe["sharing_device"] == 1
@@ -111,7 +121,8 @@ def test_a_stage_that_gave_no_figure_is_named_for_a_nonzero_exit():
     result = {"tau_humaneval_pipeline": 2.0, "tau_humaneval_reference": None,
               "data_curve": [{"samples": 10, "tau": 1.5}, {"samples": 40, "tau": None}]}
     assert missing_figures(["convert", "data"], result) == []
-    assert missing_figures(["drafters", "curve"], result) == [
+    assert missing_figures(["drafters"], result) == []
+    assert missing_figures(["drafters", "reference"], result) == [
         "tau_humaneval_reference", "data_curve tau at 40 samples"]
     assert missing_figures(["export"], result) == ["tau_humaneval_reference_code",
                                                    "tau_second_heldout"]
