@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="small results: real_model.json, log tails")
     p.add_argument("--work", default="/tmp/real_model", help="large files: target, data, runs")
     p.add_argument("--scale", default="h200", choices=sorted(SCALES))
-    p.add_argument("--until", default=STAGES[-1], choices=STAGES, help="stop after this stage")
+    p.add_argument("--until", choices=STAGES,
+                   help="stop after this stage (default: the last one given work: recipes "
+                        "with --recipe, else reference)")
     p.add_argument("--curve", action="store_true",
                    help="the reference stage also trains on N/16, N/8, N/4 (the data curve)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.until == "recipes" and not args.recipe:
         p.error("--until recipes: give at least one --recipe NAME KEY=VALUE")
+    args.until = args.until or ("recipes" if args.recipe else "reference")
     sizes = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_"))
              for flag, _ in _SIZE_FLAGS}
     scale = SCALES[args.scale].with_sizes(

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 from pipeline.model.cache_keyword import cache_keyword
-from pipeline.regen.static_attention import ATTENTIONS, decode_block_mask, swapped
+from pipeline.regen.static_attention import ATTENTIONS, check_device, decode_block_mask, swapped
 from pipeline.regen.static_cache import RowCache, check_supported
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class StaticEngine:
                 raise ValueError(f"{key} must be >= 1, got {value}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: allowed {', '.join(ATTENTIONS)}")
+        check_device(attention, next(model.parameters()).device)
         self.model, self.batch_size = model, batch_size
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
         self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket

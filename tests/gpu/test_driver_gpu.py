@@ -142,6 +142,11 @@ def test_evaluator_on_cuda_and_its_death(ray_cluster, gpu_job, tmp_path, caplog)
 
     def kill_evaluator(done: int) -> None:
         if done == 3:
+            # The evaluations sent so far (before training, after step 2) land first: the
+            # actor runs its calls in order, so this no-op returns after them. Without it the
+            # test depends on the evaluator's speed beside training (killed before tau before
+            # was in, on an H200 shared with another job, 2026-12-03).
+            ray.get(driver.evaluator.actor.__ray_ready__.remote())
             ray.kill(driver.evaluator.actor)
     driver.step_listeners.append(kill_evaluator)
     with caplog.at_level(logging.INFO):

@@ -4,6 +4,7 @@ as the uncaptured step and as HF generate, per prompt, in fp32, with refills and
     pytest -q -m gpu tests/gpu/test_static_decoder_gpu.py
 """
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -70,7 +71,10 @@ def test_one_engine_reuses_its_graphs_across_calls(tmp_path, device, on_cuda):
         free = [_generate(model, p, set()) for p in first]
     calls = [(first, {free[0][3]}, MAX_NEW), (second, {free[1][5], free[2][2]}, 7),
              (first, {free[0][3]}, MAX_NEW)]
-    for attention in ("sdpa", "matmul", "flex"):
+    if on_cuda:  # flex is refused there (static_attention.check_device says why)
+        with pytest.raises(ValueError, match="flex decode step is refused on CUDA"):
+            StaticEngine(model, 4, attention="flex")
+    for attention in ("sdpa", "matmul") if on_cuda else ("sdpa", "matmul", "flex"):
         engine = StaticEngine(model, 4, sync_every=3, span_bucket=16, attention=attention)
         for prompts, stops, max_new in calls:
             with torch.no_grad():
