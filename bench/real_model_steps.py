@@ -141,8 +141,7 @@ def data(scale: RealScale, w: Work, result: dict) -> dict:
             f.close()
     greedy = {name: _greedy_stats(result["target_folder"], records)
               for name, records in answers.items()}
-    everything = _greedy_stats(result["target_folder"], [r for rs in answers.values()
-                                                         for r in rs])
+    everything = _pooled(greedy.values())
     log.info("greedy answers: %s", greedy)
     return {"train_samples": len(answers["train"]), "greedy": greedy,
             "greedy_distinct_4grams": everything["distinct_4grams"],
@@ -157,15 +156,24 @@ def _greedy_stats(target_folder: str, records: list[dict]) -> dict:
     from pipeline.assets.generate import Continuation
 
     tokenizer = AutoTokenizer.from_pretrained(target_folder)
-    answers = []
-    for record in records:
-        text = next(m["content"] for m in record["messages"] if m["role"] == "assistant")
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        answers.append(Continuation(ids, all(record["regen"]["finished"])))
+    texts = [next(m["content"] for m in r["messages"] if m["role"] == "assistant")
+             for r in records]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    answers = [Continuation(i, all(r["regen"]["finished"])) for i, r in zip(ids, records)]
     stats = answer_stats(tokenizer, answers)
     stats["ended_share"] = round(stats["ended_turn"] / max(1, len(answers)), 3)
     stats["answers"] = len(answers)
     return stats
+
+
+def _pooled(sets) -> dict:
+    """The stats of every answer from each set's (answer-weighted means; no second pass)."""
+    sets = list(sets)
+    n = sum(s["answers"] for s in sets)
+    mean = lambda key: sum(s[key] * s["answers"] for s in sets) / max(1, n)  # noqa: E731
+    return {"answers": n, "ended_share": round(sum(s["ended_turn"] for s in sets) / max(1, n), 3),
+            "distinct_4grams": round(mean("distinct_4grams"), 3),
+            "mean_assistant_tokens": round(mean("mean_assistant_tokens"), 1)}
 
 
 def _trainer(name: str, module: str, scale: RealScale, w: Work, train: Path,

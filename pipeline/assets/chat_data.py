@@ -114,9 +114,11 @@ def answer_stats(tokenizer, answers: list[Continuation]) -> dict:
     for a in answers:
         grams = [tuple(a.token_ids[i:i + 4]) for i in range(len(a.token_ids) - 3)]
         distinct.append(len(set(grams)) / max(1, len(grams)))
-    # The drafter is trained on the re-tokenized text; the target produced these ids.
-    same = sum(tokenizer(tokenizer.decode(a.token_ids), add_special_tokens=False)["input_ids"]
-               == a.token_ids for a in answers)
+    # The drafter is trained on the re-tokenized text; the target produced these ids. One
+    # batched call each way: tens of thousands of answers a set (the real-model bench).
+    texts = tokenizer.batch_decode([a.token_ids for a in answers]) if answers else []
+    again = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    same = sum(list(ids) == list(a.token_ids) for ids, a in zip(again, answers))
     return {"ended_turn": sum(a.stopped for a in answers),
             "mean_assistant_tokens": round(sum(len(a.token_ids) for a in answers) / n, 1),
             "distinct_4grams": round(sum(distinct) / n, 3),

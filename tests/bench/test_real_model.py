@@ -137,3 +137,12 @@ def test_recipes_already_measured_are_not_trained_again(tmp_path):
     got = recipes(scale, Work(tmp_path / "work"), {"recipes": measured})
     assert got == {"recipes": measured}
     assert not (tmp_path / "work" / "runs").exists()  # no trainer started
+
+
+def test_greedy_stats_of_every_answer_pool_the_sets_by_answers():
+    from bench.real_model_steps import _pooled
+
+    sets = [{"answers": 3, "ended_turn": 3, "distinct_4grams": 0.5, "mean_assistant_tokens": 10},
+            {"answers": 1, "ended_turn": 0, "distinct_4grams": 0.9, "mean_assistant_tokens": 30}]
+    assert _pooled(sets) == {"answers": 4, "ended_share": 0.75, "distinct_4grams": 0.6,
+                             "mean_assistant_tokens": 15.0}
