@@ -15,10 +15,12 @@ SMOLLM2 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden
 def test_preset_composes_the_recipe():
     job = compose_job(config_name="smollm2_135m")
     d = job.drafter
-    assert d.block_size == 16 and d.num_layers == 3 and d.init == "random"
+    assert d.block_size == 16 and d.num_layers == 5 and d.init == "random"
     assert d.mask_token_id == 16 and d.resolved_gamma() == 1.0 and d.num_anchors == 256
     assert job.target.path.endswith(".gguf") and not job.target.compile
-    assert job.data.micro_batch_size == 32 and job.train.optim.lr == 1.5e-3
+    assert job.data.batching == "pack" and job.data.anchors_per_micro_batch == 8192
+    assert job.data.tokens_per_micro_batch == 24576 and job.train.plan.epochs == 2
+    assert job.train.optim.lr == 1.5e-3
     assert job.cluster.drafters_per_node == 1  # one_gpu: target and drafter share it
 
 
