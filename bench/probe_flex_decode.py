@@ -7,7 +7,9 @@ a fresh engine per call, for each decode-step attention; prints, per call, the r
 differs from HF generate and the first differing output index. The refusal of ``flex`` on CUDA
 (pipeline/regen/static_attention.check_device) is lifted here on purpose, and only here. On an
 H200 (2026-12-03) flex differed for rows 2, 3 and 6, each where it crossed column 32 (row 2 at
-output 9 of a 23-token prompt, rows 3 and 6 at output 1 of 31- and 32-token prompts).
+output 9 of a 23-token prompt, rows 3 and 6 at output 1 of 31- and 32-token prompts), with the
+full-block index list an expanded view; it is materialised since. Every row equal here on CUDA
+is what lifts the refusal.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ calls only (``swapped``):
   the scores, and equal to generate there. **Refused on CUDA** (:func:`check_device`): on an
   H200 (2026-12-03, torch 2.11) the compiled step gave other tokens than generate in fp32,
   for every row as it crossed column 32 and only then (rows 2, 3 and 6 of
-  tests/gpu/test_static_decoder_gpu.py; sdpa and matmul equal on the same prompts). The
-  cause is not found; compiled flex on CPU is equal too.
+  tests/gpu/test_static_decoder_gpu.py; sdpa and matmul equal on the same prompts); compiled
+  flex on CPU is equal. The likely cause, the full-block index list passed as an expanded view
+  where the CUDA kernel reads it as contiguous, is fixed in :func:`decode_block_mask`; the
+  refusal stays until ``python -m bench.probe_flex_decode`` shows every row equal on CUDA.
 
 The cache's ``[:, :, :span]`` slice is a view (strides of the whole capacity): neither variant
 copies it, as both kernels take a strided batch with a unit last stride.
@@ -119,7 +121,10 @@ def decode_block_mask(positions: torch.Tensor, span: int) -> BlockMask:
     full = torch.clamp(filled // block, max=blocks)
     partial = ((filled % block) > 0) & (full < blocks)
     order = torch.arange(blocks, device=positions.device, dtype=torch.int32)
-    full_indices = order.expand(rows, 1, 1, blocks)
+    # Materialised, not an expanded view: flex's CUDA kernels read the index lists as
+    # contiguous [rows, heads, q blocks, kv blocks] (a view of stride 0 across rows sends row
+    # b to b * blocks entries past the list: another block, or memory that is no index).
+    full_indices = order.expand(rows, 1, 1, blocks).contiguous()
     # The partial block comes first among the partial indices; the rest are never read.
     partial_indices = torch.where(order == 0, full[:, None].to(torch.int32), order)
 

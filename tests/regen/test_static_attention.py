@@ -25,6 +25,17 @@ def test_rows_read_their_filled_blocks_only():
     assert torch.equal(mask.mask_mod(b, zero, zero, kv), kv <= positions[:, None])
 
 
+def test_index_lists_are_laid_out_as_the_cuda_kernel_reads_them():
+    """Flex's CUDA kernels read every index and count tensor as a contiguous
+    [rows, heads, q blocks, kv blocks] array: a view of stride 0 across rows (what an expand
+    gives) would send every row but the first past the list. Found on an H200 (2026-12-03)."""
+    mask = decode_block_mask(torch.tensor([31, 15, 40, 47]), 48)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        tensor = getattr(mask, name)
+        assert tensor.is_contiguous() and 0 not in tensor.stride(), name
+    assert mask.full_kv_indices[:, 0, 0].tolist() == [[0, 1, 2]] * 4
+
+
 def test_block_size_divides_the_span():
     for span, block in ((128, 128), (256, 128), (784, 16), (96, 32)):
         mask = decode_block_mask(torch.tensor([span - 1, 0]), span)
