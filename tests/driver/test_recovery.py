@@ -21,8 +21,9 @@ BASE = ["cluster.cpus_per_actor=0.5", "train.eval.every=-1", "train.export_dtype
         "train.checkpoint.every=2", "train.log_every=100"]
 
 
-def _kill_at(driver, step, kind, how):
-    """A step listener that kills an actor of ``kind`` once ``step`` steps are done."""
+def _kill_at(driver, step, kind, how, seen=()):
+    """A step listener that kills an actor of ``kind`` once ``step`` steps are done (``seen``:
+    the watcher's entries, whose index at the kill it records)."""
     state = {}
 
     def listener(done):
@@ -37,6 +38,7 @@ def _kill_at(driver, step, kind, how):
             pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
             os.kill(pid, signal.SIGKILL)
         state["killed_at"] = time.time()
+        state["entry"] = len(seen) - 1
     listener.state = state
     return listener
 
@@ -50,18 +52,48 @@ def _train_rows(out_dir):
 KILLS = [(2, "prefetcher", "SIGKILL"), (5, "drafter", "SIGKILL"), (8, "target", "ray.kill")]
 
 
-def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
-        ray_cluster, small_train_file, tmp_path, caplog):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def killed_three_times(ray_cluster, small_train_file, tmp_path_factory):
+    """One job of 2 epochs in which each kind of actor is killed once (KILLS), watched after
+    every step: (out_dir, summary, killers, seen, log). Both tests below read it: the second
+    one's drafter-only restart is the drafter kill of this job (one job instead of two)."""
+    out = tmp_path_factory.mktemp("recovery") / "run"
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
                                         f"train.out_dir={out}", "train.recovery.max_restarts=3",
                                         "train.checkpoint.keep_last=2"]))
-    for step, kind, how in KILLS:
-        driver.step_listeners.append(_kill_at(driver, step, kind, how))
-    killers = list(driver.step_listeners)
-    with caplog.at_level(logging.INFO):
-        summary = driver.run()
+    seen = []
 
+    def watch(done):  # which target and prefetcher trained each step (before any kill there)
+        seen.append((done, driver.actors.targets[0]._actor_id,
+                     driver.actors.prefetcher._actor_id))
+    driver.step_listeners.append(watch)
+    killers = [_kill_at(driver, step, kind, how, seen) for step, kind, how in KILLS]
+    driver.step_listeners.extend(killers)
+    handler = _Capture()
+    logging.getLogger().addHandler(handler)
+    level = logging.getLogger().level
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        summary = driver.run()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(level)
+    return out, summary, killers, seen, "\n".join(handler.lines)
+
+
+class _Capture(logging.Handler):
+    """The job's log lines (caplog is function-scoped; the job is the module's)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_three_times):
+    out, summary, killers, _, log = killed_three_times
     assert [r.actor.split()[0] for r in summary.restarts] == [kind for _, kind, _ in KILLS]
     for (step, kind, how), rec, killer in zip(KILLS, summary.restarts, killers):
         killed_at = killer.state["killed_at"]
@@ -70,8 +102,8 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
         if rec.resumed_step:
             assert rec.checkpoint.endswith(f"step_{rec.resumed_step:08d}")
         assert killed_at <= rec.detected_at <= rec.restarted_at <= rec.training_at
-        assert f"lost {rec.actor}" in caplog.text
-        assert f"resuming from step {rec.resumed_step}" in caplog.text
+        assert f"lost {rec.actor}" in log
+        assert f"resuming from step {rec.resumed_step}" in log
         logging.getLogger(__name__).warning(
             "%s killed by %s after step %d: seen after %.1fs, actors up again after %.1fs, "
             "training again after %.1fs (from the kill), resumed from step %d", kind, how, step,
@@ -82,7 +114,7 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
     assert [a.epoch for a in summary.accounts] == [0, 1]
     for account in summary.accounts:
         assert account.exact and account.trained == 24
-    assert summary.accounts[-1].restarts == 3 and "trained again" in caplog.text
+    assert summary.accounts[-1].restarts == 3 and "trained again" in log
     assert summary.checksums_agree
     # The metrics hold every step; the last row of each step is the one that counts.
     assert sorted({r["step"] for r in _train_rows(out)}) == list(range(1, 13))
@@ -92,29 +124,29 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(
     assert (out / "export" / "model.safetensors").exists()
 
 
-def test_a_lost_drafter_restarts_the_drafters_only(ray_cluster, small_train_file, tmp_path):
+def test_a_lost_drafter_restarts_the_drafters_only(killed_three_times):
     """The target (slowest to load) and the prefetcher (data already tokenized) stay; the
-    drafters come back from the checkpoint and retrain the lost steps to the same losses."""
-    out = tmp_path / "run"
-    driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
-                                        f"train.out_dir={out}", "train.plan.epochs=1"]))
-    seen = []
-
-    def watch(done):  # the same target and prefetcher before the kill and after the restart
-        seen.append((driver.actors.targets[0]._actor_id, driver.actors.prefetcher._actor_id))
-    driver.step_listeners.extend([watch, _kill_at(driver, 3, "drafter", "SIGKILL")])
-    summary = driver.run()
-    (rec,) = summary.restarts
-    # The newest checkpoint: step 2, or step 4 when step 4 completed before the loss was seen.
-    assert rec.actor.startswith("drafter") and rec.resumed_step in (2, 4)
-    assert len(seen) > 6 and len(set(seen)) == 1
-    assert summary.accounts[0].exact and summary.accounts[0].trained == 24
+    drafters come back from the checkpoint and retrain the lost steps to the same losses.
+    The drafter killed after step 5 of the shared job (between the prefetcher's and the
+    target's restarts, which replace the whole set)."""
+    out, summary, killers, seen, _ = killed_three_times
+    rec = summary.restarts[1]
+    # The newest checkpoint: step 4, or step 6 when step 6 completed before the loss was seen.
+    assert rec.actor.startswith("drafter") and rec.resumed_step in (4, 6)
+    # The same target and prefetcher from the drafter's kill until the target's kill (the
+    # entry of that step is written before the target dies).
+    first, last = killers[1].state["entry"], killers[2].state["entry"]
+    assert last - first >= 2 and seen[first][0] == 5, seen
+    assert len({entry[1:] for entry in seen[first:last + 1]}) == 1, seen
+    # The steps closed both before the drafters' restart and after it (the step count goes
+    # back there), up to the target's kill: trained again, to the same losses.
+    back = next(i for i in range(first + 1, last + 1) if seen[i][0] <= seen[i - 1][0])
+    repeated = sorted({e[0] for e in seen[first:back]} & {e[0] for e in seen[back:last + 1]})
+    assert repeated and all(s > rec.resumed_step for s in repeated), (rec, seen)
     twice = {}
     for row in _train_rows(out):
         twice.setdefault(row["step"], []).append(row["train/loss"])
-    repeated = [s for s, losses in twice.items() if len(losses) == 2]
-    assert repeated and all(s > rec.resumed_step for s in repeated)
-    for step in repeated:
+    for step in repeated:  # rows in the order trained: the first try, then the retrain
         assert twice[step][1] == pytest.approx(twice[step][0], rel=1e-6), step
 
 

@@ -206,10 +206,13 @@ def test_ray_job_stop_ends_the_job_with_the_resume_line_and_a_rerun_resumes(
     half-written and no lock stay behind; the same submission again resumes there and trains
     every sample of every epoch exactly once."""
     out = tmp_path / "run"
-    data = tmp_path / "twelve.jsonl"  # 2 drafters x 2 samples: 3 steps an epoch, 6 in all
+    # 1 drafter x 4 samples: 3 steps an epoch, 6 in all (one drafter: what is checked is the
+    # stop, the resume line and the resubmission, not ranks; two cost 2 more actor starts).
+    data = tmp_path / "twelve.jsonl"
     data.write_text("".join(small_train_file.read_text().splitlines(True)[:12]))
     args = ["--env", f"DFLASH_ASSETS_DIR={tiny_assets.root}", "--",
-            "cluster.cpus_per_actor=0.5", "train.eval.every=-1", "data.micro_batch_size=2",
+            "cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1", "train.eval.every=-1",
+            "data.micro_batch_size=4",
             "train.plan.epochs=2", "train.checkpoint.every=1", "train.log_every=100",
             f"data.train_path={data}", f"train.out_dir={out}", "cluster.address=auto"]
     job_id = _job_id(_submit(ray_head, ray_head.env, "--no-wait", *args))
