@@ -25,13 +25,11 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     args = ["cluster.cpus_per_actor=0.5", "cluster.drafters_per_node=1",
             "train.eval.every=-1", "data.micro_batch_size=2",
-            "train.plan.epochs=1000", "train.checkpoint.every=10", "train.log_every=1000",
+            "train.plan.epochs=100", "train.checkpoint.every=1", "train.log_every=1000",
             f"data.train_path={small_train_file}", f"train.out_dir={out}",
             "train.checkpoint.resume=null"]
-    # The job must outlive the second job's refusal and the first checkpoint: 100 epochs
-    # (1,200 steps with one drafter) once ended before Ctrl-C came in a fresh-clone suite
-    # (2026-12-03), so 1,000. A checkpoint every 10 steps, not every step: there the writes
-    # fell behind the steps ("waits for the previous write"), a backlog Ctrl-C then waits on.
+    # With two drafters a CI-like run at load 19 saw the 600 steps of 100 epochs end before
+    # Ctrl-C came; one drafter takes more steps an epoch, each with less to do in parallel.
     cmd = [sys.executable, "-m", "pipeline.train", *args]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
