@@ -275,13 +275,15 @@ def reference(scale: RealScale, w: Work, result: dict) -> dict:
     sharing it) plus its share of the regeneration (n / N of the data stage's minutes)."""
     lines = w.data("train").read_text().splitlines()
     regen_minutes = result.get("gpu_minutes", {}).get("data", 0.0)
-    sizes = curve_sizes(len(lines), scale.curve)
     jobs = {}
-    for n in sizes:
-        subset = w.data("train") if n == len(lines) else w.data(f"train_{n}")
-        if n != len(lines):
+    # Once per size: on a tiny set two fractions round to the same size, and a second trainer
+    # in the same run folder would leave the first running unwatched.
+    for n in dict.fromkeys(curve_sizes(len(lines), scale.curve)):
+        if n == len(lines):
+            name, subset = "reference", w.data("train")
+        else:
+            name, subset = f"curve_{n}", w.data(f"train_{n}")
             subset.write_text("\n".join(lines[:n]) + "\n")
-        name = "reference" if n == len(lines) else f"curve_{n}"
         jobs[n] = (name, _trainer(name, "pipeline.train_single", scale, w, subset,
                                   budget_s=scale.train_budget_s * (2 if scale.curve else 1)))
     rows, figures = [], {}
