@@ -4,12 +4,10 @@
 
 The tiny Llama of tests/gpu/test_static_decoder_gpu.py, fp32, three calls on one engine and on
 a fresh engine per call, for each decode-step attention; prints, per call, the rows whose answer
-differs from HF generate and the first differing output index. The refusal of ``flex`` on CUDA
-(pipeline/regen/static_attention.check_device) is lifted here on purpose, and only here. On an
-H200 (2026-12-03) flex differed for rows 2, 3 and 6, each where it crossed column 32 (row 2 at
-output 9 of a 23-token prompt, rows 3 and 6 at output 1 of 31- and 32-token prompts), with the
-full-block index list an expanded view; it is materialised since. Every row equal here on CUDA
-is what lifts the refusal.
+differs from HF generate and the first differing output index. On an H200 (2026-12-03) flex
+differed for rows 2, 3 and 6, each where it crossed column 32 (row 2 at output 9 of a 23-token
+prompt, rows 3 and 6 at output 1 of 31- and 32-token prompts), with the full-block index list
+an expanded view; it is materialised since.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ import tempfile
 import torch
 from transformers import AutoModelForCausalLM
 
-import pipeline.regen.static_attention as static_attention
-import pipeline.regen.static_decoder as static_decoder
 from pipeline.regen.static_decoder import StaticEngine
 from tests.gpu.test_static_decoder_gpu import MAX_NEW, _generate, _tiny_llama
 
@@ -32,8 +28,6 @@ def _first_diff(got: list[int], want: list[int]) -> int:
 
 def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    unchecked = lambda attention, device: None  # noqa: E731 (the probe's purpose)
-    static_attention.check_device = static_decoder.check_device = unchecked
     model = AutoModelForCausalLM.from_pretrained(_tiny_llama(pathlib.Path(tempfile.mkdtemp())),
                                                  dtype=torch.float32).to(device).eval()
     model.generation_config.eos_token_id = None

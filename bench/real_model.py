@@ -95,7 +95,8 @@ def run(scale: RealScale, out: Path, work: Path, until: str) -> dict:
 _SIZE_FLAGS = (("train-prompts", int), ("heldout-prompts", int), ("humaneval-prompts", int),
                ("max-new-tokens", int), ("max-steps", int), ("epochs", int),
                ("eval-prompts", int), ("eval-every", int), ("drafter-layers", int),
-               ("num-anchors", int), ("lr", float), ("train-budget-s", float))
+               ("num-anchors", int), ("lr", float), ("train-budget-s", float),
+               ("regen-batch-size", int), ("regen-rows", int), ("regen-attention", str))
 
 
 def main(argv: list[str] | None = None) -> int:

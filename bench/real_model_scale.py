@@ -37,7 +37,9 @@ class RealScale:
     humaneval_prompts: int = 164
     # Regeneration.
     max_new_tokens: int = 192
-    regen_batch_size: int = 512
+    regen_batch_size: int = 512  # conversations per regenerate call (--batch-size)
+    regen_rows: int = 512  # the static engine's rows; rows refill within a call (--static-rows)
+    regen_attention: str = "sdpa"  # the static engine's decode-step attention
     # Drafters: overrides of the smollm2_135m preset.
     block_size: int = 16
     drafter_layers: int = 5
@@ -85,7 +87,7 @@ TINY = RealScale(
     name="tiny", device="cpu", gguf=None, packages=False, max_corpus_chars=3_000_000,
     heldout_fraction=0.5,
     train_prompts=48, heldout_prompts=4, humaneval_prompts=4, max_new_tokens=24,
-    regen_batch_size=32, block_size=4, drafter_layers=1, target_layer_ids=(1, 2, 4),
+    regen_batch_size=32, regen_rows=32, block_size=4, drafter_layers=1, target_layer_ids=(1, 2, 4),
     mask_token_id=3, num_anchors=16, micro_batch_size=4, batching="pad",
     tokens_per_micro_batch=None, anchors_per_micro_batch=None, epochs=1, max_steps=4, lr=3e-3,
     max_length=512, eval_every=0, eval_prompts=2, eval_max_new_tokens=12, attention="sdpa",

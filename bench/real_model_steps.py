@@ -116,7 +116,8 @@ def data(scale: RealScale, w: Work, result: dict) -> dict:
     finished = proc.run("regenerate", [
         "-m", "pipeline.regenerate", "--input", str(w.data("regen_input")),
         "--output", str(out), "--target", gguf_path(scale, w), "--device", scale.device,
-        "--batch-size", str(scale.regen_batch_size),
+        "--batch-size", str(scale.regen_batch_size), "--static-rows", str(scale.regen_rows),
+        "--static-attention", scale.regen_attention,
         "--max-new-tokens", str(scale.max_new_tokens), "--num-workers", "1",
         "--cpus-per-worker", "1"], w.log("regenerate"), scale.regen_budget_s,
         3 * scale.regen_budget_s)

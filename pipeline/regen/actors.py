@@ -51,7 +51,8 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
     return [start_actor(GeneratorWorker, placement, rank=rank, target_path=target_path,
                         device=device, dtype=dtype, max_new_tokens=cfg.max_new_tokens,
                         enable_thinking=cfg.enable_thinking, engine=cfg.engine,
-                        cb_options=cfg.cb_options(), static_rows=cfg.static_rows)
+                        cb_options=cfg.cb_options(), static_rows=cfg.static_rows,
+                        static_attention=cfg.static_attention)
             for rank in range(cfg.num_workers)]
 
 

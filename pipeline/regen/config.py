@@ -8,6 +8,7 @@ from typing import Optional
 
 from pipeline.data.config import FORMATS, ON_BAD_LINE
 from pipeline.regen.cb import ENGINES, CbOptions
+from pipeline.regen.static_attention import ATTENTIONS
 from pipeline.validate import require, require_choice
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,6 +33,9 @@ class RegenConfig:
     # round's turns go through the engine together. None: 16 for generate, 1024 otherwise.
     batch_size: Optional[int] = None
     static_rows: int = 512  # static: the KV cache's rows (requests decoded at once)
+    # static: the decode step's attention (pipeline/regen/static_attention.py: sdpa and
+    # matmul read every row's cache up to the furthest row; flex reads each row's own prefix).
+    static_attention: str = "sdpa"
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).
@@ -70,6 +74,7 @@ class RegenConfig:
         require_choice("--on-bad-line", self.on_bad_line, ON_BAD_LINE)
         require_choice("--format", self.format, FORMATS)
         require_choice("--engine", self.engine, ENGINES)
+        require_choice("--static-attention", self.static_attention, ATTENTIONS)
         self.cb_options()  # its checks name the --cb-* flags
 
     @property

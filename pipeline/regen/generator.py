@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
                  max_new_tokens: int, enable_thinking: bool = True, engine: str = "static",
-                 cb_options: Optional[CbOptions] = None, static_rows: int = 512) -> None:
+                 cb_options: Optional[CbOptions] = None, static_rows: int = 512,
+                 static_attention: str = "sdpa") -> None:
         self.rank = rank
         self.enable_thinking = enable_thinking
         self.device = actor_device(device)
@@ -47,7 +48,7 @@ class GeneratorWorker:
             from pipeline.regen.static_decoder import StaticEngine
 
             self.engine = "static"
-            self.static = StaticEngine(self.model, static_rows)
+            self.static = StaticEngine(self.model, static_rows, attention=static_attention)
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
 

@@ -21,13 +21,11 @@ calls only (``swapped``):
   position (:func:`decode_block_mask`): a row reads only the key blocks it has filled, where
   the other two read every row's cache up to the furthest row's position (at the 8B shape with
   refills, 56% of what they read was a filled column). Eager on CPU, where flex materialises
-  the scores, and equal to generate there. **Refused on CUDA** (:func:`check_device`): on an
-  H200 (2026-12-03, torch 2.11) the compiled step gave other tokens than generate in fp32,
-  for every row as it crossed column 32 and only then (rows 2, 3 and 6 of
-  tests/gpu/test_static_decoder_gpu.py; sdpa and matmul equal on the same prompts); compiled
-  flex on CPU is equal. The likely cause, the full-block index list passed as an expanded view
-  where the CUDA kernel reads it as contiguous, is fixed in :func:`decode_block_mask`; the
-  refusal stays until ``python -m bench.probe_flex_decode`` shows every row equal on CUDA.
+  the scores; compiled on CUDA. On an H200 (2026-12-03, torch 2.11) it once gave other tokens
+  than generate for rows crossing column 32: the full-block index list was an expanded view
+  (stride 0 across rows) where flex's CUDA kernels read a contiguous list. It is materialised
+  now (:func:`decode_block_mask`); ``python -m bench.probe_flex_decode`` and
+  tests/gpu/test_static_decoder_gpu.py compare every row with generate on CUDA.
 
 The cache's ``[:, :, :span]`` slice is a view (strides of the whole capacity): neither variant
 copies it, as both kernels take a strided batch with a unit last stride.
@@ -103,13 +101,6 @@ def _flex(query):
     return _compiled_flex
 
 
-def check_device(attention: str, device: torch.device) -> None:
-    """Refuse a decode-step attention not proven on ``device`` (the module docstring says why)."""
-    if attention == "flex" and torch.device(device).type == "cuda":
-        raise ValueError("attention=flex: the flex decode step is refused on CUDA (other tokens "
-                         "than generate on an H200, 2026-12-03); use sdpa or matmul")
-
-
 def decode_block_mask(positions: torch.Tensor, span: int) -> BlockMask:
     """The block mask of one decode step: row ``b`` sees columns ``[0, positions[b]]`` of a
     ``span``-column cache. Key blocks wholly inside that prefix are full (no mask applied), the
@@ -144,7 +135,6 @@ def row_attention_flex(module, query, key, value, attention_mask, scaling=None, 
     if not isinstance(attention_mask, BlockMask):
         out = _prefill(query, key, value, attention_mask, scaling)
         return out.transpose(1, 2).contiguous(), None
-    check_device("flex", query.device)  # a decoder given block masks without StaticEngine
     out = _flex(query)(query, key, value, block_mask=attention_mask, scale=scaling,
                        enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None

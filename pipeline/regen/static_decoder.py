@@ -33,7 +33,9 @@ from typing import Sequence
 import torch
 
 from pipeline.model.cache_keyword import cache_keyword
-from pipeline.regen.static_attention import ATTENTIONS, check_device, decode_block_mask, swapped
+from pipeline.regen.cache_budget import (LONG_SHARE, MAIN_SHARE, columns_within, free_bytes,
+                                         rows_within, slot_bytes)
+from pipeline.regen.static_attention import ATTENTIONS, decode_block_mask, swapped
 from pipeline.regen.static_cache import RowCache, check_supported
 
 log = logging.getLogger(__name__)
@@ -46,12 +48,12 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   max_length: int | None = None, cuda_graphs: bool = True,
                   sync_every: int = 8, prefill_tokens: int = 16384,
                   span_bucket: int = 128, refill_rows: int | None = None,
-                  attention: str = "sdpa") -> list[list[int]]:
+                  attention: str = "sdpa", cache_gb: float | None = None) -> list[list[int]]:
     """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order, on
     a decoder built for this call alone (see :class:`StaticEngine` for the knobs)."""
     engine = StaticEngine(model, batch_size, cuda_graphs=cuda_graphs, sync_every=sync_every,
                           prefill_tokens=prefill_tokens, span_bucket=span_bucket,
-                          refill_rows=refill_rows, attention=attention)
+                          refill_rows=refill_rows, attention=attention, cache_gb=cache_gb)
     return engine.decode(prompts, max_new_tokens, stops, max_length=max_length)
 
 
@@ -69,12 +71,16 @@ class StaticEngine:
     ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
     attention (``static_attention.ATTENTIONS``). ``timing``: wait for the device around
     prefills and captures, so ``last_stats`` splits setup from decoding (benches).
+    ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
+    memory free at the first call; unbounded on CPU): its columns are what ``batch_size`` rows
+    hold within it, and a call's prompts too long for them are decoded apart, after the rest,
+    on an uncaptured decoder of as many rows as fit (one log line).
     """
 
     def __init__(self, model, batch_size: int, *, cuda_graphs: bool = True, sync_every: int = 8,
                  prefill_tokens: int = 16384, span_bucket: int = 128,
                  refill_rows: int | None = None, attention: str = "sdpa",
-                 timing: bool = False) -> None:
+                 timing: bool = False, cache_gb: float | None = None) -> None:
         check_supported(model)
         for key, value in (("batch_size", batch_size), ("sync_every", sync_every),
                            ("prefill_tokens", prefill_tokens), ("span_bucket", span_bucket)):
@@ -82,8 +88,12 @@ class StaticEngine:
                 raise ValueError(f"{key} must be >= 1, got {value}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: allowed {', '.join(ATTENTIONS)}")
-        check_device(attention, next(model.parameters()).device)
+        if cache_gb is not None and cache_gb <= 0:
+            raise ValueError(f"cache_gb must be > 0, got {cache_gb}")
         self.model, self.batch_size = model, batch_size
+        param = next(model.parameters())
+        self.device, self.per_slot = param.device, slot_bytes(model.config, param.dtype)
+        self.cache_budget = None if cache_gb is None else int(cache_gb * 1e9)
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
         self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
         self.refill_rows, self.attention, self.timing = refill_rows, attention, timing
@@ -111,20 +121,71 @@ class StaticEngine:
                              f"({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
                              f"{max_new_tokens} - 1 = {need}")
         stops = sorted({int(s) for s in stops})
-        decoder = self._fit(min(self.batch_size, len(prompts)), max_length or need,
-                            max_new_tokens, stops)
+        limit = None if max_length is not None else self._column_limit()
+        needs = [len(p) + max_new_tokens - 1 for p in prompts]
+        main = [i for i, n in enumerate(needs) if limit is None or n <= limit]
+        long = [i for i, n in enumerate(needs) if limit is not None and n > limit]
+        answers: list = [None] * len(prompts)
+        self.last_stats = {}
+        if main:
+            decoder = self._fit(min(self.batch_size, len(main)),
+                                max_length or max(needs[i] for i in main), max_new_tokens,
+                                stops, limit)
+            for i, answer in zip(main, self._run(decoder, [prompts[i] for i in main])):
+                answers[i] = answer
+            self.last_stats = dict(decoder.stats, builds=self.builds)
+        if long:
+            found = self._decode_long([prompts[i] for i in long], max_new_tokens, stops, limit)
+            for i, answer in zip(long, found):
+                answers[i] = answer
+        return answers
+
+    def _run(self, decoder: "StaticDecoder", prompts: list[list[int]]) -> list[list[int]]:
         refill = max(1, decoder.rows // 8) if self.refill_rows is None else self.refill_rows
         if not 1 <= refill <= decoder.rows:
             raise ValueError(f"refill_rows must be in [1, {decoder.rows}] (the rows in use), "
                              f"got {refill}")
         with torch.no_grad(), swapped(self.model, self.attention):
-            answers = decoder.run(prompts, self.sync_every, refill)
-        self.last_stats = dict(decoder.stats, builds=self.builds)
+            return decoder.run(prompts, self.sync_every, refill)
+
+    def _column_limit(self) -> int | None:
+        """The kept cache's most columns at ``batch_size`` rows; None when unbounded."""
+        if self.cache_budget is None:
+            free = free_bytes(self.device)
+            if free is None:
+                return None
+            self.cache_budget = int(MAIN_SHARE * free)
+        return columns_within(self.cache_budget, self.batch_size, self.per_slot)
+
+    def _decode_long(self, prompts: list[list[int]], max_new: int, stops: list[int],
+                     limit: int) -> list[list[int]]:
+        """Prompts too long for the kept cache, on a cache of their own, freed after."""
+        columns = _aligned(max(len(p) for p in prompts) + max_new - 1)
+        free = free_bytes(self.device)
+        budget = None if free is None else int(LONG_SHARE * free)
+        rows = rows_within(budget, columns, self.per_slot, min(self.batch_size, len(prompts)))
+        if rows < 1:
+            raise ValueError(f"static decoder: a prompt of {max(len(p) for p in prompts)} "
+                             f"tokens plus {max_new} new ones needs "
+                             f"{columns * self.per_slot / 1e9:.2f} GB of KV cache for one row; "
+                             f"{(budget or 0) / 1e9:.2f} GB are free")
+        log.info("static decoder: %d of the call's prompts (up to %d tokens) do not fit the "
+                 "kept cache's %d columns at %d rows: decoded apart, %d rows at a time",
+                 len(prompts), max(len(p) for p in prompts), limit, self.batch_size, rows)
+        decoder = StaticDecoder(self.model, rows, columns, max_new, stops, cuda_graphs=False,
+                                prefill_tokens=self.prefill_tokens, span_bucket=self.span_bucket,
+                                timing=self.timing, block_masks=self.attention == "flex")
+        answers = self._run(decoder, prompts)
+        self.last_stats["long"] = dict(decoder.stats, prompts=len(prompts), rows=rows)
+        del decoder
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return answers
 
-    def _fit(self, rows: int, length: int, max_new: int, stops: list[int]) -> "StaticDecoder":
+    def _fit(self, rows: int, length: int, max_new: int, stops: list[int],
+             limit: int | None) -> "StaticDecoder":
         """The kept decoder when it has room for this call (stops and the new-token limit set
-        in place), else a larger one built in its stead."""
+        in place), else a larger one built in its stead, of at most ``limit`` columns."""
         old = self.decoder
         if (old is not None and old.rows >= rows and old.capacity >= length
                 and old.out.shape[1] > max_new and len(stops) <= old.stops.numel()):
@@ -139,6 +200,8 @@ class StaticEngine:
         # Columns rounded up to a span bucket: a later call with a slightly longer prompt
         # then fits, instead of costing a new cache and new captures.
         length = _aligned(length, self.span_bucket)
+        if limit is not None:
+            length = min(length, limit)
         self.decoder = StaticDecoder(self.model, rows, length, max_new, stops,
                                      cuda_graphs=self.cuda_graphs,
                                      prefill_tokens=self.prefill_tokens,

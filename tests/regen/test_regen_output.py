@@ -57,7 +57,9 @@ def test_record_is_openai_messages_plus_source_line():
 @pytest.mark.parametrize("override, flag", [
     ({"batch_size": 0}, "--batch-size=0"), ({"num_workers": True}, "--num-workers=True"),
     ({"device": "tpu"}, "--device='tpu'"), ({"on_bad_line": "warn"}, "--on-bad-line='warn'"),
-    ({"format": "csv"}, "--format='csv'"), ({"dtype": "int8"}, "--dtype='int8'")])
+    ({"format": "csv"}, "--format='csv'"), ({"dtype": "int8"}, "--dtype='int8'"),
+    ({"static_attention": "flash"}, "--static-attention='flash'"),
+    ({"static_rows": 0}, "--static-rows=0")])
 def test_bad_option_names_the_flag(tmp_path, override, flag):
     src = tmp_path / "in.jsonl"
     src.write_text("")

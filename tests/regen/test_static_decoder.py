@@ -166,3 +166,28 @@ def test_other_attentions_equal_generate(model_dirs, attention):
                  _reference(model, prompts, stops))
     with pytest.raises(ValueError, match="attention 'flash': allowed sdpa, matmul, flex"):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, attention="flash")
+
+
+def test_prompts_too_long_for_the_cache_budget_are_decoded_apart(model_dirs, caplog):
+    """A cache budget for 3 rows of 32 columns: prompts needing more columns are decoded after
+    the rest on a cache of their own (one line), the kept cache stays within the budget, and
+    every answer, in prompt order, equals generate's."""
+    from pipeline.regen.cache_budget import slot_bytes
+    from pipeline.regen.static_decoder import StaticEngine
+
+    model = _load(model_dirs["llama"])
+    per_slot = slot_bytes(model.config, torch.float32)
+    engine = StaticEngine(model, batch_size=3, sync_every=2, cuda_graphs=False, span_bucket=16,
+                          cache_gb=3 * 32 * per_slot / 1e9)
+    prompts = [p[:20] for p in _prompts(7, seed=21)]
+    g = torch.Generator().manual_seed(22)
+    for i, n in ((1, 40), (4, 60)):  # more than 32 - (MAX_NEW - 1) tokens
+        prompts[i] = torch.randint(0, 96, (n,), generator=g).tolist()
+    stops = _stops_for(model, prompts)
+    with caplog.at_level("INFO", logger="pipeline.regen.static_decoder"):
+        _assert_same(engine.decode(prompts, MAX_NEW, stops), _reference(model, prompts, stops))
+    assert engine.decoder.capacity == 32 and engine.decoder.rows == 3
+    assert engine.last_stats["long"]["prompts"] == 2
+    assert sum("decoded apart" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(ValueError, match="cache_gb must be > 0"):
+        StaticEngine(model, batch_size=3, cache_gb=0)
