@@ -3,7 +3,7 @@
 # each in its own process (bench.decode_static), then one summary table and one JSON:
 #   bash bench/decode_rows.sh MODEL_FOLDER HUMANEVAL OUT_JSON "512:sdpa 2048:flex ..." \
 #       [PROMPTS] [MAX_NEW_TOKENS]
-# Picks the rows and attention of a regeneration (bench/real_model_scale.py: regen_rows,
+# Each run is cut at $RUN_TIMEOUT seconds (default 120). Picks the rows and attention of a regeneration (bench/real_model_scale.py: regen_rows,
 # regen_attention). Each run's log is kept beside OUT_JSON.
 set -uo pipefail
 model=$1 humaneval=$2 out=$3 configs=$4 prompts=${5:-4096} max_new=${6:-192}
@@ -11,7 +11,7 @@ logs=$(dirname "$out")/decode_rows
 mkdir -p "$logs"
 for config in $configs; do
   rows=${config%%:*} attention=${config##*:}
-  python3 -m bench.decode_static --device "${DEVICE:-cuda}" --model "$model" --humaneval "$humaneval" --runs "" \
+  timeout "${RUN_TIMEOUT:-120}" python3 -m bench.decode_static --device "${DEVICE:-cuda}" --model "$model" --humaneval "$humaneval" --runs "" \
     --sustained-prompts "$prompts" --sustained-batch "$rows" --attention "$attention" \
     --max-new-tokens "$max_new" --out "$logs/${rows}_${attention}.json" \
     >"$logs/${rows}_${attention}.log" 2>&1 || echo "$config: failed, see $logs/${rows}_${attention}.log"

@@ -10,12 +10,20 @@
 #                                                      # passed: every 15 s, each job's log tail
 #                                                      # and each FILE to $OUT (by base name)
 #   bash bench/device_job.sh status                    # each job: running, or its exit code
+#   bash bench/device_job.sh finish NAME SECONDS PATH...
+#                                                      # as poll, but until NAME has ended; then
+#                                                      # PATH... packed into $OUT/NAME.tgz.NN
+#                                                      # (15 MiB parts), so the call that sees
+#                                                      # the job end brings its files back
 #
 # $OUT takes back at most 8 files (README of the device tool): a job's tail is one, each FILE
 # one. Example (bench/real_model.py's chain beside the GPU tier):
 #   bash bench/device_job.sh start chain python3 -m bench.real_model --out /tmp/rm_out ...
 #   bash bench/device_job.sh start tier env OUT=/tmp/tier bash bench/gpu_tier.sh 600
 #   bash bench/device_job.sh poll 540 /tmp/real/state.json     # again, call after call
+#   bash bench/device_job.sh finish chain 540 /tmp/real/state.json /tmp/real/data
+# On 2026-12-04 a chain's data was lost: its end was seen in one call, the packing was left to
+# the next, and the machine was given back in between. ``finish`` does both in one call.
 set -uo pipefail
 jobs_dir=/tmp/jobs
 mkdir -p "$jobs_dir"
@@ -74,11 +82,25 @@ poll)
   keep "$@"
   status
   ;;
+finish)
+  name=${2:?NAME}; seconds=${3:?SECONDS}; shift 3
+  end=$((SECONDS + seconds))
+  while running "$name" && [ $SECONDS -lt $end ]; do
+    keep
+    sleep 15
+  done
+  keep
+  status
+  if running "$name"; then echo "$name: still running, nothing packed"; exit 0; fi
+  [ -n "${OUT:-}" ] || { echo "finish: \$OUT is not set" >&2; exit 2; }
+  tar czf - "$@" | split -b 15M -d - "$OUT/$name.tgz."
+  ls -l "$OUT/$name".tgz.*
+  ;;
 status)
   status
   ;;
 *)
-  echo "usage: device_job.sh start NAME CMD... | poll SECONDS [FILE...] | status" >&2
+  echo "usage: device_job.sh start NAME CMD... | poll SECONDS [FILE...] | finish NAME SECONDS PATH... | status" >&2
   exit 2
   ;;
 esac

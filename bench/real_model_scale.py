@@ -2,7 +2,7 @@
 
 The h200 scale, from the run of 2026-12-03 (docs/BENCHMARKS.md: 24,576 answers, 3 epochs of
 padded micro-batches of 32, 3 layers: tau 2.75, the curve flattening): every answer the
-prompts give (57,286; regeneration ~29k tokens/s at batch 512, about 5.5 minutes), packed
+prompts give (57,286; regeneration on 2,048 rows, 210 s on 2026-12-04), packed
 micro-batches (a pool of 8,192 anchor blocks, all real: the padded rows spent a third of their
 blocks and of the target's tokens on padding), 2 epochs, 5 layers. The pipeline trains alone
 (its wall is the chain's); the reference and the data curve's runs follow, side by side.
@@ -37,8 +37,10 @@ class RealScale:
     humaneval_prompts: int = 164
     # Regeneration.
     max_new_tokens: int = 192
-    regen_batch_size: int = 512  # conversations per regenerate call (--batch-size)
-    regen_rows: int = 512  # the static engine's rows; rows refill within a call (--static-rows)
+    # 2,048 rows: 72.9k tokens/s sustained on SmolLM2 against 50.8k at 512; sdpa: flex's
+    # decode step was 2.5x slower a step (docs/BENCHMARKS.md, 2026-12-04).
+    regen_batch_size: int = 8192  # conversations per regenerate call (--batch-size)
+    regen_rows: int = 2048  # the static engine's rows; rows refill within a call (--static-rows)
     regen_attention: str = "sdpa"  # the static engine's decode-step attention
     # Drafters: overrides of the smollm2_135m preset.
     block_size: int = 16

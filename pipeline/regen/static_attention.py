@@ -24,8 +24,10 @@ calls only (``swapped``):
   the scores; compiled on CUDA. On an H200 (2026-12-03, torch 2.11) it once gave other tokens
   than generate for rows crossing column 32: the full-block index list was an expanded view
   (stride 0 across rows) where flex's CUDA kernels read a contiguous list. It is materialised
-  now (:func:`decode_block_mask`); ``python -m bench.probe_flex_decode`` and
-  tests/gpu/test_static_decoder_gpu.py compare every row with generate on CUDA.
+  now (:func:`decode_block_mask`), and on the H200 (2026-12-04) every row equals generate
+  (``python -m bench.probe_flex_decode``; tests/gpu/test_static_decoder_gpu.py). It is not
+  the faster step there: on SmolLM2-135M at 2,048 rows, 41.8 ms a step against sdpa's 16.9
+  (bench/decode_rows.sh), although it reads less of the cache.
 
 The cache's ``[:, :, :span]`` slice is a view (strides of the whole capacity): neither variant
 copies it, as both kernels take a strided batch with a unit last stride.
