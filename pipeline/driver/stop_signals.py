@@ -13,7 +13,11 @@ that says how to resume (exit 143, 128 + SIGTERM). A signal handler is per proce
 ``ray.init`` replaces this one (with a Python handler of Ray's, then with the core worker's C++
 one, which prints the trace and chains to it), so the driver starts Ray through
 :func:`ray_session`, which installs it again right after. A library caller (a test driving
-``Driver.run``) that never called :func:`install` keeps its own handlers.
+``Driver.run``) that never called :func:`install` keeps its own handlers. SIGINT is taken
+over also where the process was started ignoring it (a shell's background command).
+
+How long the unwinding takes is bounded: the actors get :data:`GRACE_S` in all to close,
+then are killed (pipeline/driver/actors.py), the evaluator a few seconds.
 
 The first stop signal starts the unwinding; a SIGTERM that comes while it runs is logged and
 ignored, so the closing is not cut short half way (``ray job stop`` sends one to the driver and
