@@ -91,12 +91,12 @@ def install() -> None:
     the unwinding short. Main thread only (where Python runs signal handlers).
 
     SIGINT is taken over also when the process was started ignoring it: a shell without job
-    control (a script, a CI runner, ``nohup cmd &``) starts every ``cmd &`` so, and Python
-    keeps that, so ``kill -INT`` (or Ctrl-C in the script's terminal) went unanswered while
-    the job trained on for hours (the fresh-clone suite, started as a background command: a
-    job still training 300 s after its Ctrl-C). Only Python's own handler or an ignore is
-    replaced; a handler a caller set stays. A SIGTERM the process was started to ignore stays
-    ignored: no shell ignores it by itself, so someone asked for that."""
+    control (a script, a CI runner) starts each ``cmd &`` so, Python keeps that, and every
+    process the command starts inherits it: ``kill -INT`` (or Ctrl-C in the script's
+    terminal) went unanswered while the job trained on (the fresh-clone suite, run as a
+    background command: a job still training 300 s after its Ctrl-C). Only Python's own
+    handler or an ignore is replaced; a handler a caller set stays. A SIGTERM the process was
+    started to ignore stays ignored: no shell ignores it by itself, so someone asked for it."""
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return
