@@ -12,6 +12,7 @@ closes and starts the whole set again from a resume point.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Optional
 
 import ray
@@ -21,6 +22,7 @@ from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
+from pipeline.driver import stop_signals
 from pipeline.driver.drafter_group import DrafterGroup, policy_for
 from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
 from pipeline.driver.scheduler import Topology
@@ -32,6 +34,10 @@ from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker
 
 log = logging.getLogger(__name__)
+
+# What a layer of actors still gets once an interrupted job's grace is spent: an actor with
+# nothing queued closes in it (a target unlinks its ring's shared memory, which a kill leaves).
+_LEAST_WAIT_S = 2.0
 
 
 class ActorGroup:
@@ -61,13 +67,13 @@ class ActorGroup:
         try:
             self.start()
             self.rendezvous()
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self.close(grace_s=stop_signals.grace_for(type(exc)))
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Optional[type], *exc: Any) -> None:
+        self.close(grace_s=stop_signals.grace_for(exc_type))
 
     def start(self) -> PlanSummary:
         """Every actor started and recorded as it starts, so close() finds each one."""
@@ -92,13 +98,18 @@ class ActorGroup:
                                   if n == self.drafter_node[i]])
                  for i, d in enumerate(self.drafters)])
 
-    def close(self, after_failure: bool = False) -> None:
+    def close(self, after_failure: bool = False, grace_s: Optional[float] = None) -> None:
         """Close rings (readers first), kill the actors, free the placement groups.
 
         Closing before killing matters on CPU: a killed owner leaves its /dev/shm segment
         behind. Safe to call on a group that is partly started, or already closed. After a
         lost actor the surviving drafters may sit in a collective that never completes, so
         they are killed at once (readers need no close); the targets still close their rings.
+
+        ``grace_s`` (a stopped job: stop_signals.GRACE_S) bounds the closing in all: an actor
+        closes behind the calls queued on it (a drafter behind its checkpoint write), and
+        three layers at a minute each outlast `ray job stop`'s SIGKILL. Once it is spent, a
+        layer gets :data:`_LEAST_WAIT_S`; whatever has not closed by then is killed.
         """
         if after_failure:
             kill_actors(self.drafters)
@@ -106,8 +117,9 @@ class ActorGroup:
         upstream = [h for chain in self.chains for h in chain[:-1]]
         order = [upstream, self.targets] if after_failure else \
             [self.drafters, upstream, self.targets]
+        deadline = None if grace_s is None else time.monotonic() + grace_s
         for handles in order:
-            self._close_each(handles, timeout_s=10.0 if after_failure else 60.0)
+            self._close_each(handles, _within(10.0 if after_failure else 60.0, deadline))
         kill_actors(self.handles())
         remove_groups(self.groups)
         self._clear()
@@ -119,8 +131,8 @@ class ActorGroup:
         try:
             plan = self.start()
             self.rendezvous()
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self.close(grace_s=stop_signals.grace_for(type(exc)))
             raise
         return plan
 
@@ -143,8 +155,8 @@ class ActorGroup:
             for n, group in enumerate(self.groups):
                 self._start_drafters(n, group, plan)
             self.rendezvous()
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self.close(grace_s=stop_signals.grace_for(type(exc)))
             raise
         return plan
 
@@ -263,3 +275,11 @@ class ActorGroup:
                 feature_dtype=r.target_dtype, feature_numel=self._slot_numel,
                 total_steps=plan.end_step, packing=packing_of(job)))
             self.drafter_node.append(n)
+
+
+def _within(limit_s: float, deadline: Optional[float]) -> float:
+    """A layer's wait: its own limit, and no more than what is left before ``deadline`` (but
+    :data:`_LEAST_WAIT_S`); None: no deadline."""
+    if deadline is None:
+        return limit_s
+    return min(limit_s, max(_LEAST_WAIT_S, deadline - time.monotonic()))

@@ -26,6 +26,7 @@ import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pipeline.config import JobConfig
+from pipeline.driver import stop_signals
 from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
 from pipeline.ray_start import Placement, kill_actors, start_actor
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # How long the evaluator may take to be placed and built before the job stops with advice.
 _PLACE_TIMEOUT_S = 300.0
+# How long a stopped job (Ctrl-C, SIGTERM) lets the evaluator close: it closes behind the
+# evaluation it is running, whose result nobody will read.
+_STOPPED_CLOSE_S = 5.0
 # The step loop's lane for evaluations: one actor runs them in order (see AfterStepCall).
 LANE = "tau evaluator"
 
@@ -64,8 +68,9 @@ class TauEvaluator:
             self._launch()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Optional[type], *exc: Any) -> None:
+        # A stopped job has no use for an evaluation in flight: a short wait, then the kill.
+        self.close(60.0 if stop_signals.grace_for(exc_type) is None else _STOPPED_CLOSE_S)
 
     def start(self) -> None:
         """Start the evaluator and wait until it is built."""
@@ -99,11 +104,11 @@ class TauEvaluator:
             max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id,
             decode=e.decode_options())
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
         if self.actor is None:
             return
         try:
-            ray.get(self.actor.close.remote(), timeout=60)
+            ray.get(self.actor.close.remote(), timeout=timeout_s)
         except Exception as exc:  # a dead evaluator must not hide the original error
             log.warning("closing the tau evaluator failed: %s", exc)
         kill_actors([self.actor])

@@ -13,7 +13,11 @@ that says how to resume (exit 143, 128 + SIGTERM). A signal handler is per proce
 ``ray.init`` replaces this one (with a Python handler of Ray's, then with the core worker's C++
 one, which prints the trace and chains to it), so the driver starts Ray through
 :func:`ray_session`, which installs it again right after. A library caller (a test driving
-``Driver.run``) that never called :func:`install` keeps its own handlers.
+``Driver.run``) that never called :func:`install` keeps its own handlers. SIGINT is taken
+over also where the process was started ignoring it (a shell's background command).
+
+How long the unwinding takes is bounded: the actors get :data:`GRACE_S` in all to close,
+then are killed (pipeline/driver/actors.py), the evaluator a few seconds.
 
 The first stop signal starts the unwinding; a SIGTERM that comes while it runs is logged and
 ignored, so the closing is not cut short half way (``ray job stop`` sends one to the driver and
@@ -37,6 +41,12 @@ from pipeline import ray_start
 
 log = logging.getLogger(__name__)
 
+# How long, in all, an interrupted job waits for its actors to close (each finishing the calls
+# queued on it first, a drafter the checkpoint write in flight, which the driver drops
+# anyway) before it kills them. Well inside the 120 s `ray job stop` leaves before its SIGKILL
+# (launch/runtime_env.yaml): Ray's shutdown and the job's last line come after.
+GRACE_S = 30.0
+
 # Whether the entry point asked for these handlers (a library caller, a test, keeps its own),
 # and the first stop signal (SIGINT or SIGTERM) this process got.
 _installed = False
@@ -49,6 +59,13 @@ class Terminated(KeyboardInterrupt):
     ``except Exception`` does not swallow it."""
 
     exit_code = 128 + signal.SIGTERM
+
+
+def grace_for(exc_type: Optional[type]) -> Optional[float]:
+    """What a ``with`` block's exit may wait for its actors in all: :data:`GRACE_S` when it
+    unwinds a stop (Ctrl-C, SIGTERM), None (each close its own limit) otherwise."""
+    stopping = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+    return GRACE_S if stopping else None
 
 
 def _by_sigterm(stop: KeyboardInterrupt) -> bool:
@@ -71,15 +88,22 @@ def cause(stop: KeyboardInterrupt) -> str:
 def install() -> None:
     """For an entry point: from now on SIGTERM raises :class:`Terminated`, and SIGINT
     KeyboardInterrupt as Python's default does, each noted so that a later SIGTERM does not cut
-    the unwinding short. Main thread only (where Python runs signal handlers); a signal the
-    process was started to ignore stays ignored."""
+    the unwinding short. Main thread only (where Python runs signal handlers).
+
+    SIGINT is taken over also when the process was started ignoring it: a shell without job
+    control (a script, a CI runner) starts each ``cmd &`` so, Python keeps that, and every
+    process the command starts inherits it: ``kill -INT`` (or Ctrl-C in the script's
+    terminal) went unanswered while the job trained on (the fresh-clone suite, run as a
+    background command: a job still training 300 s after its Ctrl-C). Only Python's own
+    handler or an ignore is replaced; a handler a caller set stays. A SIGTERM the process was
+    started to ignore stays ignored: no shell ignores it by itself, so someone asked for it."""
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return
     _installed = True
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, _on_sigterm)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_IGN):
         signal.signal(signal.SIGINT, _on_sigint)
 
 
