@@ -275,7 +275,7 @@ def main(argv=None) -> dict:
     p.add_argument("--sustained-batch", type=int, default=0, help="its rows (0: --batch)")
     p.add_argument("--step-rows", type=_ints, default=[],
                    help="comma-separated row counts to time one decode step at (bench.decode_step)")
-    p.add_argument("--step-attention", default="sdpa,matmul,flex",
+    p.add_argument("--step-attention", default="sdpa,matmul,flex,varlen",
                    help=f"attention variants the step timing compares, from {', '.join(ATTENTIONS)}")
     p.add_argument("--profile", type=Path, default=None,
                    help="write the top kernels of a few decode steps (first --step-rows) here")

@@ -55,12 +55,14 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int) -> StaticDecoder:
-    """A decoder whose ``rows`` rows all hold a prompt (cycled) and stay live for ``steps``."""
+def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int,
+            attention: str = "sdpa") -> StaticDecoder:
+    """A decoder whose ``rows`` rows all hold a prompt (cycled) and stay live for ``steps``
+    (its cache laid out for ``attention``: token-major for varlen)."""
     chosen = [list(prompts[i % len(prompts)]) for i in range(rows)]
     longest = max(map(len, chosen))
     decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
-                            prefill_tokens=16384, span_bucket=128)
+                            prefill_tokens=16384, span_bucket=128, attention=attention)
     decoder.stats = {}
     with swapped(model):
         decoder._prefill(list(range(rows)), chosen)
@@ -128,37 +130,46 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     """ms/step at ``rows`` for each attention variant (captured where on CUDA, and uncaptured),
     with the datasheet ceiling; ``profile``: the top kernels of 3 uncaptured steps (and of 3
     replays) per variant, written to that file as each variant ends. The variants run one
-    after another on one decoder filled once (a prefill of ``rows`` prompts)."""
+    after another on one decoder filled once (a prefill of ``rows`` prompts); varlen, whose
+    cache is token-major, on a second one filled alike once the first is freed."""
     device = next(model.parameters()).device
     per_variant = 2 * steps + 10  # steps a variant moves every row: warm-ups, timed, profiled
-    decoder = _filled(model, prompts, rows, len(attentions) * per_variant)
     out: dict = {"rows": rows, "steps_timed": steps, "variants": {}}
     tables = []
-    for attention in attentions:
-        base = int(decoder.pos.max())
-        span = -(-(base + per_variant + 1) // decoder.span_bucket) * decoder.span_bucket
-        span = min(span, decoder.capacity)
-        mean = float(decoder.pos.float().mean()) + per_variant / 2
-        figures = {"span": span, **ceiling(model, rows, span, mean)}
-        if attention == "sdpa":
-            figures["sdpa_backends"] = sdpa_backends(decoder, span)
-        decoder.block_masks = attention == "flex"  # flex's step takes a block mask
-        try:
-            _time_variant(decoder, attention, span, steps, figures, tables, profile)
-        except Exception as e:  # one variant failing (a kernel that will not compile) is a
-            # figure of its own; the others' figures stand
-            figures["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-            log.error("decode step, %s: %s", attention, figures["error"])
-        else:
-            best = figures.get("captured_ms", figures["uncaptured_ms"])
-            figures["ceiling_share"] = figures["ceiling_ms"] / best
-        out["variants"][attention] = figures
+    layouts = [[a for a in attentions if a != "varlen"], [a for a in attentions if a == "varlen"]]
+    for group in (g for g in layouts if g):
+        decoder = _filled(model, prompts, rows, len(group) * per_variant, group[0])
+        for attention in group:
+            out["variants"][attention] = _variant(decoder, model, rows, attention, steps,
+                                                  per_variant, tables, profile)
+        decoder = None  # its cache freed before the next one is allocated
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     if tables:
         out["profile"] = str(profile)
-    decoder = None  # its cache freed before empty_cache
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return out
+
+
+def _variant(decoder: StaticDecoder, model, rows: int, attention: str, steps: int,
+             per_variant: int, tables: list, profile: Optional[Path]) -> dict:
+    base = int(decoder.pos.max())
+    span = -(-(base + per_variant + 1) // decoder.span_bucket) * decoder.span_bucket
+    span = min(span, decoder.capacity)
+    mean = float(decoder.pos.float().mean()) + per_variant / 2
+    figures = {"span": span, **ceiling(model, rows, span, mean)}
+    if attention == "sdpa":
+        figures["sdpa_backends"] = sdpa_backends(decoder, span)
+    decoder.attention = attention  # the step's mask follows it
+    try:
+        _time_variant(decoder, attention, span, steps, figures, tables, profile)
+    except Exception as e:  # one variant failing (a kernel that will not compile) is a
+        # figure of its own; the others' figures stand
+        figures["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        log.error("decode step, %s: %s", attention, figures["error"])
+    else:
+        best = figures.get("captured_ms", figures["uncaptured_ms"])
+        figures["ceiling_share"] = figures["ceiling_ms"] / best
+    return figures
 
 
 def _time_variant(decoder: StaticDecoder, attention: str, span: int, steps: int, figures: dict,

@@ -29,6 +29,15 @@ calls only (``swapped``):
   the faster step there: on SmolLM2-135M at 2,048 rows, 41.8 ms a step against sdpa's 16.9
   (bench/decode_rows.sh), although it reads less of the cache.
 
+- ``varlen``: the decode step through the flash kernel's variable-length form
+  (``torch.ops.aten._flash_attention_forward`` with ``seqused_k``): the cache is token-major
+  (``RowCache(token_major=True)``), each row one sequence of ``capacity`` slots of which the
+  kernel reads the row's own filled length, passed as the step's mask (``[rows, 1, 1, 1]``
+  int32, which transformers hands through as any 4D mask). One captured graph serves every
+  span. CUDA in fp16/bf16 only (the kernel's); elsewhere the same layout and lengths go
+  through SDPA with a mask built from them, so CPU tests check the plumbing and the GPU test
+  the kernel.
+
 The cache's ``[:, :, :span]`` slice is a view (strides of the whole capacity): neither variant
 copies it, as both kernels take a strided batch with a unit last stride.
 """
@@ -44,7 +53,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 
 NAMES = {"sdpa": "pipeline_static_rows", "matmul": "pipeline_static_rows_matmul",
-         "flex": "pipeline_static_rows_flex"}
+         "flex": "pipeline_static_rows_flex", "varlen": "pipeline_static_rows_varlen"}
 ATTENTIONS = tuple(NAMES)
 NAME = NAMES["sdpa"]
 
@@ -142,9 +151,42 @@ def row_attention_flex(module, query, key, value, attention_mask, scaling=None, 
     return out.transpose(1, 2).contiguous(), None
 
 
+def _varlen_kernel_serves(query: torch.Tensor) -> bool:
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+
+
+def row_attention_varlen(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                         **kwargs):
+    """As :func:`row_attention`; a decode step's ``key``/``value`` are the whole token-major
+    buffers ``[rows, capacity, kv_heads, d]`` and its ``attention_mask`` each row's filled
+    length (``[rows, 1, 1, 1]`` int32)."""
+    b, heads, q_len, dim = query.shape
+    if q_len != 1:
+        out = _prefill(query, key, value, attention_mask, scaling)
+        return out.transpose(1, 2).contiguous(), None
+    rows, capacity, kv_heads, _ = key.shape
+    lengths = attention_mask.reshape(rows)
+    scale = dim ** -0.5 if scaling is None else scaling
+    if _varlen_kernel_serves(query):
+        starts = torch.arange(rows + 1, device=query.device, dtype=torch.int32)
+        out = torch.ops.aten._flash_attention_forward(
+            query.reshape(b, heads, dim), key.view(rows * capacity, kv_heads, dim),
+            value.view(rows * capacity, kv_heads, dim), starts, starts * capacity, 1, capacity,
+            0.0, False, False, scale=scale, seqused_k=lengths)[0]
+        return out.reshape(b, 1, heads, dim), None
+    visible = torch.arange(capacity, device=query.device)[None] < lengths[:, None]
+    blocked = torch.zeros(visible.shape, dtype=query.dtype, device=query.device)
+    blocked = blocked.masked_fill(~visible, torch.finfo(query.dtype).min)
+    out = F.scaled_dot_product_attention(
+        query.reshape(b, kv_heads, heads // kv_heads, dim), key.transpose(1, 2),
+        value.transpose(1, 2), attn_mask=blocked[:, None, None], scale=scale)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
 AttentionInterface.register(NAMES["sdpa"], row_attention)
 AttentionInterface.register(NAMES["matmul"], row_attention_matmul)
 AttentionInterface.register(NAMES["flex"], row_attention_flex)
+AttentionInterface.register(NAMES["varlen"], row_attention_varlen)
 
 
 @contextmanager

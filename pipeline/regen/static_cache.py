@@ -41,11 +41,16 @@ class RowCache(Cache):
     """
 
     def __init__(self, config, rows: int, max_length: int, dtype: torch.dtype,
-                 device: torch.device | str):
+                 device: torch.device | str, token_major: bool = False):
         super().__init__(layers=[])
         kv_heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (rows, kv_heads, max_length, head_dim)
+        # token_major: ``[rows, max_length, kv_heads, head_dim]``, rows of whole tokens, as the
+        # varlen attention kernel reads a cache (static_attention's ``varlen``); a decode step
+        # then gets the whole buffers back and reads each row's own length.
+        self.token_major = token_major
+        shape = ((rows, max_length, kv_heads, head_dim) if token_major
+                 else (rows, kv_heads, max_length, head_dim))
         self.key_buffers = [torch.zeros(shape, dtype=dtype, device=device)
                             for _ in range(config.num_hidden_layers)]
         self.value_buffers = [torch.zeros(shape, dtype=dtype, device=device)
@@ -60,11 +65,19 @@ class RowCache(Cache):
         keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
         if self.prefill_rows is not None:
             width = key_states.shape[2]
-            keys[self.prefill_rows, :, :width] = key_states
-            values[self.prefill_rows, :, :width] = value_states
+            if self.token_major:
+                keys[self.prefill_rows, :width] = key_states.transpose(1, 2)
+                values[self.prefill_rows, :width] = value_states.transpose(1, 2)
+            else:
+                keys[self.prefill_rows, :, :width] = key_states
+                values[self.prefill_rows, :, :width] = value_states
             # The prompt attends to itself only: no need to read the buffers back.
             return key_states, value_states
         assert key_states.shape[2] == 1, "a decode step feeds one token per row"
+        if self.token_major:
+            keys[self.row_ids, self.positions] = key_states[:, :, 0]
+            values[self.row_ids, self.positions] = value_states[:, :, 0]
+            return keys, values
         keys[self.row_ids, :, self.positions] = key_states[:, :, 0]
         values[self.row_ids, :, self.positions] = value_states[:, :, 0]
         return keys[:, :, :self.span], values[:, :, :self.span]

@@ -174,7 +174,7 @@ class StaticEngine:
                  len(prompts), max(len(p) for p in prompts), limit, self.batch_size, rows)
         decoder = StaticDecoder(self.model, rows, columns, max_new, stops, cuda_graphs=False,
                                 prefill_tokens=self.prefill_tokens, span_bucket=self.span_bucket,
-                                timing=self.timing, block_masks=self.attention == "flex")
+                                timing=self.timing, attention=self.attention)
         answers = self._run(decoder, prompts)
         self.last_stats["long"] = dict(decoder.stats, prompts=len(prompts), rows=rows)
         del decoder
@@ -206,7 +206,7 @@ class StaticEngine:
                                      cuda_graphs=self.cuda_graphs,
                                      prefill_tokens=self.prefill_tokens,
                                      span_bucket=self.span_bucket, timing=self.timing,
-                                     block_masks=self.attention == "flex")
+                                     attention=self.attention)
         self.builds += 1
         if self.builds > 1:
             log.info("static decoder: rebuilt for %d rows x %d columns, %d new tokens, %d stop "
@@ -220,23 +220,25 @@ class StaticDecoder:
 
     def __init__(self, model, rows: int, max_length: int, max_new_tokens: int, stops,
                  *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int,
-                 timing: bool = False, block_masks: bool = False):
+                 timing: bool = False, attention: str = "sdpa"):
         self.model, self.body, self.head = model, model.base_model, model.get_output_embeddings()
         self.cache_kw = cache_keyword(self.body)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.rows, self.max_length = rows, max_length
         self.prefill_tokens, self.span_bucket, self.timing = prefill_tokens, span_bucket, timing
-        # A decode step's mask as a flex block mask (the ``flex`` attention) instead of an
-        # additive tensor.
-        self.block_masks = block_masks
+        # The decode step's mask follows its attention (static_attention): an additive tensor
+        # (sdpa, matmul), a flex block mask (flex), or each row's filled length (varlen,
+        # whose cache is token-major for the varlen kernel).
+        self.attention = attention
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         if cuda_graphs and not self.use_graphs:
             log.info("static decoder: model on %s, decode step runs uncaptured", self.device)
         # Columns in multiples of 16: SDPA's memory-efficient kernel wants the mask's last
         # dimension aligned, and would otherwise copy it (or fall back to the math kernel).
         self.capacity = _aligned(max_length)
-        self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device)
+        self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device,
+                              token_major=attention == "varlen")
         dev = self.device
         # Per-row state, updated in place by the step so that a captured graph sees it.
         self.ids = torch.zeros(rows, dtype=torch.long, device=dev)       # token fed next
@@ -318,6 +320,8 @@ class StaticDecoder:
     def _span(self, owner: list[int | None], steps: int) -> int:
         """Columns the next ``steps`` decode steps attend to, rounded up to a bucket: the
         furthest live row's position plus ``steps`` (every owned row is live after a collect)."""
+        if self.attention == "varlen":  # each row reads its own length: one graph serves all
+            return self.capacity
         top = max(p for p, o in zip(self.host_pos, owner) if o is not None) + steps + 1
         span = -(-top // self.span_bucket) * self.span_bucket
         return min(span, self.capacity)
@@ -387,8 +391,10 @@ class StaticDecoder:
     def _step(self, span: int) -> None:
         """One token for every row, all on device; finished rows step too but change nothing."""
         self.cache.positions, self.cache.span = self.pos, span
-        if self.block_masks:
+        if self.attention == "flex":
             mask = decode_block_mask(self.pos, span)
+        elif self.attention == "varlen":
+            mask = (self.pos + 1).to(torch.int32).view(-1, 1, 1, 1)
         else:
             mask = self._additive((self.columns[None, :span] <= self.pos[:, None])[:, None, None])
         hidden = self.body(input_ids=self.ids[:, None], position_ids=self.pos[:, None],

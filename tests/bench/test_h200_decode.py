@@ -32,14 +32,15 @@ def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     # The prompts past HumanEval's two come from stdlib APIs, none repeated.
     assert run["prompt_source"] == {"humaneval": 2, "stdlib_api": 8, "repeated": 0}
     step = run["step"]["4"]["variants"]
-    assert set(step) == {"sdpa", "matmul", "flex"}
+    assert set(step) == {"sdpa", "matmul", "flex", "varlen"}
     for figures in step.values():
         assert "error" not in figures
         assert figures["uncaptured_ms"] > 0 and figures["ceiling_ms"] > 0
         assert "captured_ms" not in figures  # CPU: nothing captured, nothing claimed
     profile = (logs / "smol_step_profile.txt").read_text()
     assert "== sdpa: 3 uncaptured decode steps" in profile and "aten::" in profile
-    assert set(smol["decode_step_ms"]) == {"4 rows, sdpa", "4 rows, matmul", "4 rows, flex"}
+    assert set(smol["decode_step_ms"]) == {"4 rows, sdpa", "4 rows, matmul", "4 rows, flex",
+                                           "4 rows, varlen"}
 
 
 def test_cpu_equality_run_in_the_background(tmp_path):

@@ -89,3 +89,65 @@ def test_one_engine_reuses_its_graphs_across_calls(tmp_path, device, on_cuda):
         assert engine.builds == 1
         if on_cuda:
             assert engine.last_stats["captures"] == 0 and engine.last_stats["graphs"] >= 2
+
+
+def _attention_by_rows(q, k, v, lengths, group):
+    """fp32 attention of each row's one query per head over its first ``lengths[row]`` keys."""
+    out = torch.empty(q.shape[0], q.shape[1], q.shape[3])
+    for r, n in enumerate(lengths.tolist()):
+        keys = k[r, :n].float().repeat_interleave(group, dim=1)      # [n, heads, d]
+        values = v[r, :n].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[r, :, 0].float(), keys) * q.shape[3] ** -0.5
+        out[r] = torch.einsum("hn,nhd->hd", scores.softmax(-1), values)
+    return out
+
+
+def test_varlen_step_reads_each_row_to_its_own_length(device, on_cuda):
+    """The ``varlen`` decode attention (the flash kernel in bf16 on CUDA, its SDPA form
+    elsewhere) against fp32 attention row by row; keys past a row's length, perturbed,
+    change nothing."""
+    from pipeline.regen.static_attention import row_attention_varlen
+
+    g = torch.Generator().manual_seed(0)
+    rows, capacity, kv_heads, group, dim = 5, 96, 2, 3, 64
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    q = torch.randn(rows, kv_heads * group, 1, dim, generator=g)
+    k = torch.randn(rows, capacity, kv_heads, dim, generator=g)
+    v = torch.randn(rows, capacity, kv_heads, dim, generator=g)
+    lengths = torch.tensor([1, 17, 64, 95, 96], dtype=torch.int32)
+
+    def attend(keys):
+        out, _ = row_attention_varlen(None, q.to(device, dtype), keys.to(device, dtype),
+                                      v.to(device, dtype), lengths.view(-1, 1, 1, 1).to(device))
+        return out[:, 0].float().cpu()  # [rows, heads, d]
+
+    got = attend(k)
+    want = _attention_by_rows(q.to(dtype), k.to(dtype), v.to(dtype), lengths, group)
+    assert torch.allclose(got, want, atol=3e-2, rtol=3e-2), (got - want).abs().max()
+    noisy = k.clone()
+    for r, n in enumerate(lengths.tolist()):
+        noisy[r, n:] = 100.0
+    assert torch.equal(attend(noisy), got)
+
+
+def test_varlen_engine_captures_one_graph_and_answers_as_sdpa(tmp_path, device, on_cuda):
+    """A whole decode on the ``varlen`` step: one captured graph for every span, and (bf16 on
+    CUDA, where the kernels differ) most answers equal to the sdpa step's; in fp32 elsewhere,
+    all of them. A wrong position or length would change nearly every answer."""
+    from pipeline.regen.static_decoder import StaticEngine
+
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=dtype)
+    model = model.to(device).eval()
+    model.generation_config.eos_token_id = None
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist()
+               for n in torch.randint(1, 60, (21,), generator=g).tolist()]
+    answers = {}
+    for attention in ("sdpa", "varlen"):
+        engine = StaticEngine(model, 6, sync_every=4, span_bucket=16, attention=attention)
+        answers[attention] = engine.decode(prompts, MAX_NEW, set())
+    same = sum(a == b for a, b in zip(answers["sdpa"], answers["varlen"])) / len(prompts)
+    assert same >= (0.6 if on_cuda else 1.0), same
+    if on_cuda:
+        assert engine.last_stats["graphs"] == 1

@@ -153,18 +153,19 @@ def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
     assert sum("rebuilt" in r.getMessage() for r in caplog.records) == 1
 
 
-@pytest.mark.parametrize("attention", ["matmul", "flex"])
+@pytest.mark.parametrize("attention", ["matmul", "flex", "varlen"])
 def test_other_attentions_equal_generate(model_dirs, attention):
     """The decode step's other attention variants (two matmuls with an fp32 softmax; flex over
-    each row's filled key blocks): the same answers. Span buckets of 16 columns make the flex
-    block mask hold full, partial and skipped blocks at once."""
+    each row's filled key blocks; varlen's token-major cache read to each row's length, here
+    through its SDPA form): the same answers. Span buckets of 16 columns make the flex block
+    mask hold full, partial and skipped blocks at once."""
     model = _load(model_dirs["qwen3"])
     prompts = _prompts(6, seed=7)
     stops = _stops_for(model, prompts)
     _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, cuda_graphs=False,
                                attention=attention, span_bucket=16),
                  _reference(model, prompts, stops))
-    with pytest.raises(ValueError, match="attention 'flash': allowed sdpa, matmul, flex"):
+    with pytest.raises(ValueError, match="attention 'flash': allowed sdpa, matmul, flex, varlen"):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, attention="flash")
 
 
