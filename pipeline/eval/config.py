@@ -49,8 +49,9 @@ class EvalConfig:
     # round it waits until its busy time is at most this share (1: never waits). Kernels of
     # two processes on one GPU take turns, so training keeps 1 - duty/2 of the GPU while an
     # evaluation runs beside it: at the 8B shape on one H200, +10.4% on a step at duty 0.2
-    # and +101% at 1.0 (docs/BENCHMARKS.md), as that predicts; 0.15 (+8%) stays inside the
-    # 10% budget of issue 32 with a margin, for evaluations a third longer.
+    # and +101% at 1.0 (docs/BENCHMARKS.md), as that predicts. 0.15 predicts +8%; measured
+    # +10.5% (median step, 2026-12-04) over a 10-step window that held one round of 20.8 s:
+    # the first round (warm-up, graph captures) is not paced.
     gpu_duty: float = 0.15
 
     def __post_init__(self) -> None:
