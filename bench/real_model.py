@@ -26,6 +26,11 @@ issue's budget); the others check and explore beside it:
    variant of the drafters stage's overrides, all at once on the device, tau along the way;
    never marked done: a later call trains only the names not yet measured.
 
+``--redo STAGE...`` runs stages again that state.json has done, e.g. after the device machine
+that held ``--work`` was given back: copy state.json (and the marker file) into a fresh
+``--work`` and run ``--redo convert prompts data`` to make the target folder and the answers
+again; the drafters and export stages stay done and the reference trains on the new answers.
+
 ``--set KEY=VALUE`` (repeatable) changes every trainer's overrides (the drafters stage's, the
 reference's, the curve's, the recipes'), e.g. ``--set drafter.gamma=2``.
 
@@ -54,11 +59,16 @@ log = logging.getLogger("bench.real_model")
 _MARKER = ".real_model"
 
 
-def run(scale: RealScale, out: Path, work: Path, until: str) -> dict:
-    """The stages not yet done, in order, up to ``until``; the result so far is kept."""
+def run(scale: RealScale, out: Path, work: Path, until: str, redo: tuple = ()) -> dict:
+    """The stages not yet done (or named in ``redo``), in order, up to ``until``; the result
+    so far is kept."""
     state_path = work / "state.json"
     state = (json.loads(state_path.read_text()) if state_path.exists()
              else {"done": [], "result": {"gpu_minutes": {}}})
+    again = [s for s in state["done"] if s in redo]
+    if again:  # their files are gone (another machine) or stale: their figures are replaced
+        log.info("running again, as asked: %s", ", ".join(again))
+        state["done"] = [s for s in state["done"] if s not in redo]
     result = state["result"]
     result.update({"scale": scale.name, "device": scale.device})
     w = Work(work)
@@ -118,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="a variant for the recipes stage: a name, then its overrides "
                         "(repeatable); the reference trainer runs every new one at once")
     p.add_argument("--fresh", action="store_true", help="empty --work first")
+    p.add_argument("--redo", nargs="+", choices=STAGES, default=[], metavar="STAGE",
+                   help="run these stages again although state.json has them done (their "
+                        "files were lost with another machine); later stages done stay done")
     p.add_argument("--gguf", help="the target's GGUF file (default: the scale's)")
     p.add_argument("--humaneval", help="HumanEval.jsonl(.gz) (default: the scale's)")
     p.add_argument("--prompts", help="a folder written by python -m bench.real_model_prompts "
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                         handlers=[logging.StreamHandler(),
                                   logging.FileHandler(out / "real_model.log", "a")])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = run(scale, out, work, args.until)
+    result = run(scale, out, work, args.until, tuple(args.redo))
     keys = ("train_samples", "tau_humaneval_pipeline", "tau_humaneval_reference",
             "tau_humaneval_reference_code", "tau_second_heldout", "greedy_distinct_4grams",
             "greedy_ended_share", "gpu_minutes")

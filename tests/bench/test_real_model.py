@@ -48,11 +48,14 @@ def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
     # Goes on from the drafters; --set replaces the bench's own value of a key, for every
     # trainer (packed micro-batches here, as the h200 scale trains), and a recipe adds its
     # overrides to those.
+    # --redo: a stage done runs again (its files lost with another machine), the rest do not.
     second = _bench(["--curve", "--set", "drafter.num_anchors=8", "--set", "data.batching=pack",
-                     "--recipe", "g2", "drafter.gamma=2"], tmp_path)
+                     "--recipe", "g2", "drafter.gamma=2", "--redo", "prompts"], tmp_path)
     output = second.stdout + second.stderr
     assert second.returncode == 0, output[-3000:]
-    assert "=== convert" not in output and "=== drafters" in output
+    assert "=== convert" not in output and "=== data" not in output
+    assert "running again, as asked: prompts" in output and "=== prompts" in output
+    assert "=== drafters" in output
     commands = [line for line in output.splitlines() if "-m pipeline.train" in line]
     # The pipeline alone, then the reference beside the curve's N/16, N/8, N/4, then the recipe.
     assert len(commands) == 6
