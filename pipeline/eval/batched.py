@@ -130,8 +130,10 @@ def batched_generate(target: nn.Module, proposer: RowProposer,
     state = _Rows(prompts, room, first[1].shape[-1], first[1].dtype, dev)
     _take_prefill(state, first, longest)
     _finish(state, state.length - 1, max_new_tokens, eos_token_id)
+    pace()  # the prefill of every prompt is one long burst: paced as a round is
     if graphs:
         _capture_steps(cache, proposer, state)
+        pace()
     live = torch.arange(len(prompts), device=dev)  # rows of `state` the cache holds, in order
     try:
         while not bool(state.done[live].all()):

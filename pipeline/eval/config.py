@@ -50,8 +50,9 @@ class EvalConfig:
     # two processes on one GPU take turns, so training keeps 1 - duty/2 of the GPU while an
     # evaluation runs beside it: at the 8B shape on one H200, +10.4% on a step at duty 0.2
     # and +101% at 1.0 (docs/BENCHMARKS.md), as that predicts. 0.15 predicts +8%; measured
-    # +10.5% (median step, 2026-12-04) over a 10-step window that held one round of 20.8 s:
-    # the first round (warm-up, graph captures) is not paced.
+    # +10.5% (median step, 2026-12-04) over a 10-step window that held one round of 20.8 s,
+    # when the prefill and the graph captures before the first round were not paced (they
+    # are since, unmeasured).
     gpu_duty: float = 0.15
 
     def __post_init__(self) -> None:

@@ -173,3 +173,24 @@ def test_families_say_which_fast_paths_they_have():
                                           "sinks, MoE) sync with the host")
     assert "no many-prompts path" in batched_of("qwen3_5_text")
     assert batched_of("phi3") == "model_type='phi3' is no known family"
+
+
+def test_the_prefill_is_paced_before_the_first_round(family_target, greedy_tokens, monkeypatch):
+    """The duty cap (train.eval.gpu_duty) paces the prefill burst as it paces a round: the
+    first pace comes before the first round, then one after every round."""
+    import pipeline.eval.batched as batched
+
+    spec, target, _, prompts = _setup(family_target, "qwen3")
+    texts = [p + greedy_tokens(target, p, 8) for p in prompts]
+    events = []
+    real_round = batched._round
+
+    def counted_round(*args, **kwargs):
+        events.append("round")
+        return real_round(*args, **kwargs)
+
+    monkeypatch.setattr(batched, "_round", counted_round)
+    batched_generate(target, FlawedOracle(texts, 4), prompts, spec.target_layer_ids, 6,
+                     static=True, pace=lambda: events.append("pace"))
+    assert events[0] == "pace" and events.count("round") >= 2
+    assert events[1:] == ["round", "pace"] * events.count("round")
