@@ -24,7 +24,9 @@ issue's budget); the others check and explore beside it:
    once on the device;
 7. recipes (``--recipe NAME KEY=VALUE ...``, repeatable): the reference trainer once per
    variant of the drafters stage's overrides, all at once on the device, tau along the way;
-   never marked done: a later call trains only the names not yet measured.
+   never marked done: a later call trains only the names not yet measured. With
+   ``--recipe-samples N`` they train on the first N answers (cheaper: the same epochs), beside
+   a run without overrides (``base``) unless the data curve has one of that size.
 
 ``--redo STAGE...`` runs stages again that state.json has done, e.g. after the device machine
 that held ``--work`` was given back: copy state.json (and the marker file) into a fresh
@@ -53,7 +55,7 @@ import torch
 
 from bench.quality import proc
 from bench.real_model_scale import SCALES, RealScale
-from bench.real_model_steps import CHAIN, STAGES, Work, run_stage
+from bench.real_model_steps import BASE, CHAIN, STAGES, Work, run_stage
 
 log = logging.getLogger("bench.real_model")
 _MARKER = ".real_model"
@@ -106,7 +108,8 @@ _SIZE_FLAGS = (("train-prompts", int), ("heldout-prompts", int), ("humaneval-pro
                ("max-new-tokens", int), ("max-steps", int), ("epochs", int),
                ("eval-prompts", int), ("eval-every", int), ("drafter-layers", int),
                ("num-anchors", int), ("lr", float), ("train-budget-s", float),
-               ("regen-batch-size", int), ("regen-rows", int), ("regen-attention", str))
+               ("regen-batch-size", int), ("regen-rows", int), ("regen-attention", str),
+               ("recipe-samples", int))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +197,9 @@ def _recipes(p: argparse.ArgumentParser, given: list[list[str]]) -> tuple:
             p.error(f"--recipe {name}: give at least one KEY=VALUE after the name")
         if name in [n for n, _ in recipes]:
             p.error(f"--recipe {name}: given twice")
+        if name == BASE:
+            p.error(f"--recipe {name}: reserved for the run without overrides the others "
+                    "compare with")
         recipes.append((name, tuple(_overrides(p, f"--recipe {name}", over))))
     return tuple(recipes)
 

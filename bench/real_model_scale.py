@@ -71,6 +71,7 @@ class RealScale:
     # the reference trainer, all at once (``--recipe NAME KEY=VALUE ...``).
     extra: tuple[str, ...] = ()
     recipes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    recipe_samples: Optional[int] = None  # the recipes train on the first N answers (None: all)
     # Wall-clock budgets (s) of the subprocesses; stopped at 3x (bench/quality/proc.py).
     regen_budget_s: float = 420.0
     train_budget_s: float = 600.0  # the reference's (and the curve's, sharing): twice this

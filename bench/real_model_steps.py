@@ -245,21 +245,53 @@ def _acceptance(decoded, block_size: int) -> dict:
 def recipes(scale: RealScale, w: Work, result: dict) -> dict:
     """The reference trainer once per ``--recipe`` not yet measured, all at once on the
     device, each with the drafters stage's overrides plus its own, tau every
-    ``eval_every`` steps. A recipe's GPU minutes are its device share (wall / runs sharing
-    it); the reference stage's run is the base they compare with."""
+    ``eval_every`` steps, on the first ``recipe_samples`` answers (default: all). A recipe's
+    GPU minutes are its device share (wall / runs sharing it). What they compare with: the
+    reference stage's run on all answers, the data curve's run of the same size, or else a
+    run without overrides (``base``) trained beside them."""
     done = dict(result.get("recipes", {}))
     todo = [(name, over) for name, over in scale.recipes if name not in done]
-    jobs = {name: _trainer(f"recipe_{name}", "pipeline.train_single", scale, w,
-                           w.data("train"), budget_s=scale.train_budget_s * len(todo),
-                           recipe=over) for name, over in todo}
+    if not todo:
+        return {"recipes": done}
+    lines = w.data("train").read_text().splitlines()
+    n = scale.recipe_samples or len(lines)
+    if not 1 <= n <= len(lines):
+        raise ValueError(f"--recipe-samples {n}: the training set holds {len(lines)} answers")
+    train = w.data("train") if n == len(lines) else _subset(w, lines, n)
+    if BASE not in done and _base_tau(result, n, len(lines)) is None:
+        todo.append((BASE, ()))
+    jobs = {name: _trainer(f"recipe_{name}", "pipeline.train_single", scale, w, train,
+                           budget_s=scale.train_budget_s * len(todo), recipe=over)
+            for name, over in todo}
     for (name, over), job in zip(todo, jobs.values()):
         finished = proc.wait(job)
         c = read_single(w.run_dir(f"recipe_{name}"), finished.log_path)
-        done[name] = {"overrides": list(over), "tau": c.final_tau, **_run_summary(c, finished),
-                      "sharing_device": len(jobs),
+        done[name] = {"overrides": list(over), "samples": n, "tau": c.final_tau,
+                      **_run_summary(c, finished), "sharing_device": len(jobs),
                       "gpu_minutes": round(finished.wall_s / 60 / len(jobs), 2)}
-        log.info("recipe %s (%s): tau %s", name, " ".join(over), c.final_tau)
+        log.info("recipe %s (%s): tau %s", name, " ".join(over) or "no overrides", c.final_tau)
+    base = _base_tau(result, n, len(lines))
+    if base is not None and BASE not in done:
+        done[BASE] = {"overrides": [], "samples": n, "tau": base, "from": "reference or curve"}
     return {"recipes": done}
+
+
+BASE = "base"  # the recipes' comparison run, without overrides
+
+
+def _base_tau(result: dict, n: int, total: int):
+    """tau of a run already made on ``n`` answers with no recipe's overrides, if any."""
+    if n == total and result.get("tau_humaneval_reference") is not None:
+        return result["tau_humaneval_reference"]
+    row = next((r for r in result.get("data_curve", []) if r["samples"] == n), None)
+    return None if row is None else row["tau"]
+
+
+def _subset(w: Work, lines: list[str], n: int) -> Path:
+    """The first ``n`` training answers as a file of their own (the curve's too)."""
+    subset = w.data(f"train_{n}")
+    subset.write_text("\n".join(lines[:n]) + "\n")
+    return subset
 
 
 def curve_sizes(total: int, curve: bool) -> list[int]:
@@ -283,8 +315,7 @@ def reference(scale: RealScale, w: Work, result: dict) -> dict:
         if n == len(lines):
             name, subset = "reference", w.data("train")
         else:
-            name, subset = f"curve_{n}", w.data(f"train_{n}")
-            subset.write_text("\n".join(lines[:n]) + "\n")
+            name, subset = f"curve_{n}", _subset(w, lines, n)
         jobs[n] = (name, _trainer(name, "pipeline.train_single", scale, w, subset,
                                   budget_s=scale.train_budget_s * (2 if scale.curve else 1)))
     rows, figures = [], {}

@@ -149,3 +149,23 @@ def test_greedy_stats_of_every_answer_pool_the_sets_by_answers():
             {"answers": 1, "ended_turn": 0, "distinct_4grams": 0.9, "mean_assistant_tokens": 30}]
     assert _pooled(sets) == {"answers": 4, "ended_share": 0.75, "distinct_4grams": 0.6,
                              "mean_assistant_tokens": 15.0}
+
+
+def test_recipes_compare_with_a_run_of_their_own_size():
+    """A recipe on all answers compares with the reference's run, on N answers with the data
+    curve's run of N, and with neither a base run is trained beside it (None here)."""
+    from bench.real_model_steps import _base_tau
+
+    result = {"tau_humaneval_reference": 3.1,
+              "data_curve": [{"samples": 4, "tau": 2.0}, {"samples": 16, "tau": 3.1}]}
+    assert _base_tau(result, 16, 16) == 3.1
+    assert _base_tau(result, 4, 16) == 2.0
+    assert _base_tau(result, 8, 16) is None
+    assert _base_tau({}, 16, 16) is None
+
+
+def test_a_recipe_named_base_is_refused_in_one_line(tmp_path):
+    got = _bench(["--recipe", "base", "drafter.gamma=2"], tmp_path)
+    assert got.returncode == 2
+    assert "--recipe base: reserved for the run without overrides" in got.stderr
+    assert not (tmp_path / "work").exists()
