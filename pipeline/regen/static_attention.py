@@ -151,6 +151,24 @@ def row_attention_flex(module, query, key, value, attention_mask, scaling=None, 
     return out.transpose(1, 2).contiguous(), None
 
 
+def _has_seqused_k() -> bool:
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    return op is not None and any(a.name == "seqused_k" for a in op.default._schema.arguments)
+
+
+def check_attention(attention: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, in one line, ``varlen`` on CUDA where its kernel cannot run (elsewhere its SDPA
+    form runs, by design, for tests)."""
+    if attention != "varlen" or torch.device(device).type != "cuda":
+        return
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"attention=varlen on CUDA needs a bf16 or fp16 model (the flash "
+                         f"kernel's), not {dtype}: use sdpa")
+    if not _has_seqused_k():
+        raise ValueError(f"attention=varlen: torch {torch.__version__} has no flash kernel "
+                         "with per-row key lengths (seqused_k): use sdpa")
+
+
 def _varlen_kernel_serves(query: torch.Tensor) -> bool:
     return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
 

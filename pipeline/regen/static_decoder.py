@@ -35,7 +35,8 @@ import torch
 from pipeline.model.cache_keyword import cache_keyword
 from pipeline.regen.cache_budget import (LONG_SHARE, MAIN_SHARE, columns_within, free_bytes,
                                          rows_within, slot_bytes)
-from pipeline.regen.static_attention import ATTENTIONS, decode_block_mask, swapped
+from pipeline.regen.static_attention import (ATTENTIONS, check_attention, decode_block_mask,
+                                             swapped)
 from pipeline.regen.static_cache import RowCache, check_supported
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class StaticEngine:
             raise ValueError(f"cache_gb must be > 0, got {cache_gb}")
         self.model, self.batch_size = model, batch_size
         param = next(model.parameters())
+        check_attention(attention, param.device, param.dtype)
         self.device, self.per_slot = param.device, slot_bytes(model.config, param.dtype)
         self.cache_budget = None if cache_gb is None else int(cache_gb * 1e9)
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every

@@ -4,6 +4,7 @@ Flex attention on CPU applies only the mask function and reads every block, so t
 equality with ``generate`` cannot see a wrong block list; on CUDA a block left out is never
 read. The block lists are checked here against each row's filled prefix."""
 
+import pytest
 import torch
 
 from pipeline.regen.static_attention import decode_block_mask
@@ -40,3 +41,18 @@ def test_block_size_divides_the_span():
         mask = decode_block_mask(torch.tensor([span - 1, 0]), span)
         assert mask.BLOCK_SIZE[1] == block
         assert mask.to_dense()[0, 0, 0].tolist() == [1] * (span // block)
+
+
+def test_varlen_on_cuda_is_refused_where_its_kernel_cannot_run(monkeypatch):
+    """fp32 on CUDA, or a torch whose flash kernel takes no per-row key lengths: one line
+    naming why; CPU always runs its SDPA form."""
+    import pipeline.regen.static_attention as sa
+
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"^attention=varlen on CUDA needs a bf16 or fp16"):
+        sa.check_attention("varlen", cuda, torch.float32)
+    monkeypatch.setattr(sa, "_has_seqused_k", lambda: False)
+    with pytest.raises(ValueError, match=r"^attention=varlen: torch .* no flash kernel"):
+        sa.check_attention("varlen", cuda, torch.bfloat16)
+    sa.check_attention("varlen", torch.device("cpu"), torch.float32)
+    sa.check_attention("sdpa", cuda, torch.float32)
