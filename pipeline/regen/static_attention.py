@@ -173,6 +173,16 @@ def _varlen_kernel_serves(query: torch.Tensor) -> bool:
     return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
 
 
+def _varlen_kernel(q, k, v, q_starts, k_starts, max_q: int, max_k: int, scale: float,
+                   k_lengths):
+    """The flash kernel's variable-length form: sequence ``i``'s queries
+    ``q[q_starts[i]:q_starts[i+1]]`` attend (non-causally) to its first ``k_lengths[i]`` keys
+    from ``k_starts[i]``; ``[total_q, heads, d]`` out."""
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, q_starts, k_starts, max_q, max_k, 0.0, False, False, scale=scale,
+        seqused_k=k_lengths)[0]
+
+
 def row_attention_varlen(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                          **kwargs):
     """As :func:`row_attention`; a decode step's ``key``/``value`` are the whole token-major
@@ -185,18 +195,23 @@ def row_attention_varlen(module, query, key, value, attention_mask, scaling=None
     rows, capacity, kv_heads, _ = key.shape
     lengths = attention_mask.reshape(rows)
     scale = dim ** -0.5 if scaling is None else scaling
+    group = heads // kv_heads
     if _varlen_kernel_serves(query):
+        # Each kv head's query group folded into the query axis (``group`` queries a row, one
+        # head per kv head): a row's keys are read once for its whole group, as the kernel's
+        # own decode path does for GQA, where one query a head would read them ``group`` times.
+        q = query.reshape(b, kv_heads, group, dim).transpose(1, 2).reshape(b * group, kv_heads, dim)
         starts = torch.arange(rows + 1, device=query.device, dtype=torch.int32)
-        out = torch.ops.aten._flash_attention_forward(
-            query.reshape(b, heads, dim), key.view(rows * capacity, kv_heads, dim),
-            value.view(rows * capacity, kv_heads, dim), starts, starts * capacity, 1, capacity,
-            0.0, False, False, scale=scale, seqused_k=lengths)[0]
-        return out.reshape(b, 1, heads, dim), None
+        out = _varlen_kernel(q, key.view(rows * capacity, kv_heads, dim),
+                             value.view(rows * capacity, kv_heads, dim), starts * group,
+                             starts * capacity, group, capacity, scale, lengths)
+        out = out.reshape(b, group, kv_heads, dim).transpose(1, 2).reshape(b, 1, heads, dim)
+        return out, None
     visible = torch.arange(capacity, device=query.device)[None] < lengths[:, None]
     blocked = torch.zeros(visible.shape, dtype=query.dtype, device=query.device)
     blocked = blocked.masked_fill(~visible, torch.finfo(query.dtype).min)
     out = F.scaled_dot_product_attention(
-        query.reshape(b, kv_heads, heads // kv_heads, dim), key.transpose(1, 2),
+        query.reshape(b, kv_heads, group, dim), key.transpose(1, 2),
         value.transpose(1, 2), attn_mask=blocked[:, None, None], scale=scale)
     return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
 

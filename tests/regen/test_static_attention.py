@@ -56,3 +56,32 @@ def test_varlen_on_cuda_is_refused_where_its_kernel_cannot_run(monkeypatch):
         sa.check_attention("varlen", cuda, torch.bfloat16)
     sa.check_attention("varlen", torch.device("cpu"), torch.float32)
     sa.check_attention("sdpa", cuda, torch.float32)
+
+
+def test_varlen_folds_each_query_group_into_one_kernel_sequence(monkeypatch):
+    """The kernel call's layout (each row's query group as that row's queries, one head per kv
+    head, keys read to each row's length) against the SDPA form, with the kernel's contract
+    written out in Python: the same output for every head of every row."""
+    import pipeline.regen.static_attention as sa
+
+    def kernel(q, k, v, q_starts, k_starts, max_q, max_k, scale, k_lengths):
+        out = torch.empty_like(q)
+        for i, n in enumerate(k_lengths.tolist()):
+            qs = slice(int(q_starts[i]), int(q_starts[i + 1]))
+            keys = k[int(k_starts[i]):int(k_starts[i]) + n]  # [n, heads, d]
+            scores = torch.einsum("qhd,nhd->hqn", q[qs], keys) * scale
+            out[qs] = torch.einsum("hqn,nhd->qhd", scores.softmax(-1), v[int(k_starts[i]):int(k_starts[i]) + n])
+        return out
+
+    g = torch.Generator().manual_seed(1)
+    rows, capacity, kv_heads, group, dim = 4, 24, 2, 3, 8
+    q = torch.randn(rows, kv_heads * group, 1, dim, generator=g)
+    k = torch.randn(rows, capacity, kv_heads, dim, generator=g)
+    v = torch.randn(rows, capacity, kv_heads, dim, generator=g)
+    lengths = torch.tensor([1, 9, 23, 24], dtype=torch.int32).view(-1, 1, 1, 1)
+    want, _ = sa.row_attention_varlen(None, q, k, v, lengths)
+    monkeypatch.setattr(sa, "_varlen_kernel_serves", lambda query: True)
+    monkeypatch.setattr(sa, "_varlen_kernel", kernel)
+    got, _ = sa.row_attention_varlen(None, q, k, v, lengths)
+    assert got.shape == want.shape == (rows, 1, kv_heads * group, dim)
+    assert torch.allclose(got, want, atol=1e-5)
