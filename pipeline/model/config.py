@@ -23,8 +23,11 @@ PARALLEL_MODES = ("replicate", "fsdp")
 # random: every weight drawn from the seed; target_layers: the decoder layers (and final
 # norm) copied from the target's last layers, fc and hidden_norm random (model/target_init.py).
 INIT_MODES = ("random", "target_layers")
-# Targets whose decoder layers are the drafter's own kind (Qwen3 layers), for target_layers.
-INIT_FAMILIES = ("qwen3",)
+# Targets whose decoder layers are the drafter's own kind, for target_layers: Qwen3's, and
+# Llama's, which are Qwen3's without the q/k norms (those start at ones: model/target_init.py).
+INIT_FAMILIES = ("qwen3", "llama")
+# Config keys of a family that add weights a Qwen3 layer has no place for (a copy would drop them).
+_INIT_REFUSED_IF = ("attention_bias", "mlp_bias")
 
 
 @dataclass
@@ -171,6 +174,11 @@ def build_drafter_spec(target_config: dict, cfg: DrafterConfig,
                              f"(model_type={target_config.get('model_type')!r}) are not the "
                              f"drafter's Qwen3 layers; allowed for model_type in "
                              f"{list(INIT_FAMILIES)}, else drafter.init=random")
+        biased = [k for k in _INIT_REFUSED_IF if target_config.get(k)]
+        if biased:
+            raise ValueError(f"drafter.init=target_layers: the target's layers have biases "
+                             f"({', '.join(f'{k}=true' for k in biased)}), which the drafter's "
+                             f"Qwen3 layers lack; use drafter.init=random")
         resolve_init_layer_ids(cfg, num_target_layers)
     mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer_mask_id
     if mask_id is None:

@@ -9,10 +9,17 @@ drafter's final ``norm`` feeds that same head, so it takes the target's final no
 The weights are read from the target's safetensors by name, without building the model, and
 copied over the seeded random init, so every replica and the reference trainer start
 identical. Only the starting point changes: the export format and the training are the same.
+
+A Llama layer is a Qwen3 layer without the per-head q/k RMSNorms. Its projections, MLP and
+norms are copied; the drafter's q/k norms keep their init (ones), so the copied attention
+scores normalised q and k and computes another function until training adapts it: a start
+that keeps the target's features, not the target's layer (one log line says so).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -22,6 +29,11 @@ from safetensors import safe_open
 
 from pipeline.model.config import DrafterConfig, DrafterSpec, resolve_init_layer_ids
 from pipeline.model.target import weight_files
+
+log = logging.getLogger(__name__)
+
+# Drafter layer parameters a family's layer has no counterpart for: they keep their init.
+_NOT_IN_FAMILY = {"llama": ("self_attn.q_norm.weight", "self_attn.k_norm.weight")}
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,13 @@ def target_init_weights(init: TargetInit, drafter_names: Sequence[str]) -> dict[
     path = Path(init.target_path)
     files = weight_files(path)
     names = sorted(files)
+    config = path / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
+    not_in_family = _NOT_IN_FAMILY.get(model_type, ())
+    if not_in_family:
+        log.info("drafter.init=target_layers: %s layers have no %s; the drafter's keep their "
+                 "init (ones), so the copied attention differs from the target's until trained",
+                 model_type, " or ".join(not_in_family))
     wanted: dict[str, str] = {}  # drafter name -> target name
     for j, layer in enumerate(init.layer_ids):
         prefix = _layer_prefix(names, layer)
@@ -64,7 +83,8 @@ def target_init_weights(init: TargetInit, drafter_names: Sequence[str]) -> dict[
             raise ValueError(f"drafter.init=target_layers: target {path} has no weights for "
                              f"decoder layer {layer}")
         own = f"layers.{j}."
-        wanted.update({n: prefix + n[len(own):] for n in drafter_names if n.startswith(own)})
+        wanted.update({n: prefix + n[len(own):] for n in drafter_names
+                       if n.startswith(own) and not n.endswith(not_in_family)})
     norm = next((n for n in names if n.endswith("model.norm.weight") or n == "norm.weight"),
                 None)
     if norm is not None and "norm.weight" in drafter_names:

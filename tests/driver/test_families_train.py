@@ -21,7 +21,7 @@ from pipeline.reference.trainer import SingleProcessTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 # Cheap: one drafter, two steps, tau on two prompts before and after training. The demo's
-# drafter.init=target_layers is for Qwen3 layers only: these targets start from random.
+# drafter.init=target_layers is for Qwen3 and Llama layers only: these targets start from random.
 BASE = ["drafter.init=random", "cluster.drafters_per_node=1", "cluster.cpus_per_actor=0.5", "train.plan.max_steps=2",
         "data.micro_batch_size=2", "train.export_dtype=float32", "train.optim.lr=1e-3",
         "train.optim.warmup_ratio=0.0", "train.eval.every=0", "train.eval.prompts=2",

@@ -107,9 +107,56 @@ def test_layer_ids_are_checked_against_the_target(target_config, over, message):
                                                            **over}))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["gemma3_text", "mistral"])
 def test_targets_of_other_layer_kinds_are_refused(target_config, model_type):
     """Gemma's layers carry Qwen3's parameter names but not its norms: refused by family."""
     with pytest.raises(ValueError, match=rf"model_type='{model_type}'.*drafter.init=random"):
         build_drafter_spec({**target_config, "model_type": model_type},
                            DrafterConfig(**{**OPTIONS, "init": "target_layers"}))
+
+
+@pytest.mark.parametrize("key", ["attention_bias", "mlp_bias"])
+def test_llama_layers_with_biases_are_refused(target_config, key):
+    """A copy would drop the biases the drafter's layers have no place for."""
+    with pytest.raises(ValueError, match=rf"biases \({key}=true\).*drafter.init=random"):
+        build_drafter_spec({**target_config, "model_type": "llama", key: True},
+                           DrafterConfig(**{**OPTIONS, "init": "target_layers"}))
+
+
+def test_llama_layers_are_copied_but_for_the_qk_norms(family_target, caplog):
+    """A Llama layer is a Qwen3 layer without q/k norms: every other weight of the target's
+    last layers is copied exactly, the q/k norms keep the seeded init, and one line says so."""
+    import logging
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from pipeline.model.target import weight_files
+
+    folder = Path(family_target("llama"))
+    config = AutoConfig.from_pretrained(folder).to_dict()
+    spec, init = _spec_and_init(config, folder, init="target_layers")
+    last = config["num_hidden_layers"]
+    assert init.layer_ids == (last - 2, last - 1)
+    with caplog.at_level(logging.INFO, logger="pipeline.model.target_init"):
+        drafter = build_drafter(spec, seed=0, device="cpu", init=init).state_dict()
+    assert "llama layers have no" in caplog.text
+    random = build_drafter(spec, seed=0, device="cpu").state_dict()
+    target = {}
+    for file in set(weight_files(folder).values()):
+        target.update(load_file(str(file)))
+    kept, copied = [], []
+    for name in (n for n in drafter if n.startswith("layers.")):
+        j, rest = name.split(".", 2)[1:]
+        source = f"model.layers.{init.layer_ids[int(j)]}.{rest}"
+        if rest.endswith(("q_norm.weight", "k_norm.weight")):
+            assert source not in target
+            torch.testing.assert_close(drafter[name], random[name], rtol=0, atol=0)
+            kept.append(name)
+        else:
+            torch.testing.assert_close(drafter[name], target[source], rtol=0, atol=0)
+            copied.append(name)
+    assert len(kept) == 2 * 2 and len(copied) == 2 * 9
+    assert not torch.allclose(random["layers.1.mlp.up_proj.weight"],
+                              drafter["layers.1.mlp.up_proj.weight"])
+    torch.testing.assert_close(drafter["norm.weight"], target["model.norm.weight"])
