@@ -44,16 +44,23 @@ log = logging.getLogger(__name__)
 H200 = {
     "smol_static": ("bench.decode_static", "--model {folder} --prompts 512 --max-new-tokens 256 "
                     "--batch 512 --runs static,hf --humaneval {humaneval} "
-                    "--sustained-prompts 4096 --sustained-batch 1024 --step-rows 1024 "
+                    "--sustained-prompts 4096 --sustained-batch 2048 --step-rows 2048 "
                     "--profile {logs}/smol_step_profile.txt", 150),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
                   "--baseline-prompts 2 --batch-size 64 --humaneval {humaneval}", 90),
+    # The same sustained decoding with the varlen step (each row's cache read to its own
+    # length), beside sdpa's in the run above: the regeneration's default follows the faster.
+    "smol_varlen": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
+                    "--humaneval {humaneval} --sustained-prompts 4096 --sustained-batch 2048 "
+                    "--attention varlen", 90),
     "q8b_static": ("bench.decode_static", "--model qwen3_8b_random --prompts 256 "
                    "--max-new-tokens 256 --batch 256 --runs static,hf --sustained-prompts 1024 "
                    "--sustained-batch 512 --step-rows 512 "
                    "--profile {logs}/q8b_step_profile.txt", 200),
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
                  "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 180),
+    "q8b_varlen": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
+                   "--sustained-prompts 1024 --sustained-batch 512 --attention varlen", 150),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
@@ -79,6 +86,9 @@ TINY = {
                   "--baseline-prompts 2 --batch-size 4 --device cpu --dtype float32 "
                   "--graphs off --block-size 4 --humaneval {humaneval}", TINY_CAP_S),
     "cpu_eval_equal": H200["cpu_eval_equal"][:2] + (TINY_CAP_S,),
+    "smol_varlen": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 6 "
+                    "--device cpu --dtype fp32 --humaneval {humaneval} --sustained-prompts 10 "
+                    "--sustained-batch 4 --attention varlen", TINY_CAP_S),
     "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 4 --max-new-tokens 6 "
                 "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}", TINY_CAP_S),
 }
@@ -129,7 +139,7 @@ def gather(runs: dict) -> dict:
             node = node[key]
         return node
 
-    def model(static, cb, evaluation):
+    def model(static, cb, evaluation, varlen):
         step = pick(static, "step") or {}
         return {
             "regen_tokens_per_s": pick(static, "runs", "static", "tokens_per_s"),
@@ -140,6 +150,9 @@ def gather(runs: dict) -> dict:
                                 ("prompts", "batch", "wall_s", "setup.wall_s",
                                  "timed.prefill_s", "timed.capture_s", "timed.decode_s",
                                  "timed.ms_per_step")},
+            "regen_sustained_varlen_tokens_per_s": pick(varlen, "sustained", "tokens_per_s"),
+            "regen_sustained_varlen_decode_tokens_per_s": pick(varlen, "sustained", "timed",
+                                                               "decode_tokens_per_s"),
             "decode_step_ms": {f"{rows} rows, {name}": {
                 k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
                                       "ceiling_share", "error") if k != "error" or k in v}
@@ -159,8 +172,8 @@ def gather(runs: dict) -> dict:
 
     equal = runs.get("cpu_eval_equal", {})
     return {
-        "smollm2_135m": model("smol_static", "smol_cb", "smol_eval"),
-        "qwen3_8b_random": model("q8b_static", None, "q8b_eval"),
+        "smollm2_135m": model("smol_static", "smol_cb", "smol_eval", "smol_varlen"),
+        "qwen3_8b_random": model("q8b_static", None, "q8b_eval", "q8b_varlen"),
         "training_step_ms_8b": {name: pick("q8b_beside", "phases", name, "median_ms")
                                 for name in (runs.get("q8b_beside", {}).get("phases") or {})},
         "training_slowdown_beside_eval_8b": pick("q8b_beside", "slowdown_vs_alone"),

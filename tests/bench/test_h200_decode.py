@@ -41,6 +41,19 @@ def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     assert "== sdpa: 3 uncaptured decode steps" in profile and "aten::" in profile
     assert set(smol["decode_step_ms"]) == {"4 rows, sdpa", "4 rows, matmul", "4 rows, flex",
                                            "4 rows, varlen"}
+    assert smol["regen_sustained_varlen_tokens_per_s"] is None  # its run was not asked for
+
+
+def test_varlen_sustained_run_is_gathered_apart(tmp_path, monkeypatch):
+    """The varlen engine's sustained figures land under their own keys, sdpa's stay empty."""
+    monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
+    result = h200_decode.main(["--scale", "tiny", "--only", "smol_varlen", "--budget-s", "3000",
+                               "--out", str(tmp_path / "d.json"), "--logs", str(tmp_path / "l")])
+    smol = result["smollm2_135m"]
+    sustained = result["runs"]["smol_varlen"]["sustained"]
+    assert sustained["prompts"] == 10 and sustained["batch"] == 4
+    assert smol["regen_sustained_varlen_tokens_per_s"] == sustained["tokens_per_s"] > 0
+    assert smol["regen_sustained_tokens_per_s"] is None and smol["regen_tokens_per_s"] is None
 
 
 def test_cpu_equality_run_in_the_background(tmp_path):
