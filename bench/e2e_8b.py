@@ -14,6 +14,11 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
   ``checkpoint_step_excess_s``: how much longer the steps right after a save took than
   the median step;
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
+* ``checkpoint_write_s``: the longest a checkpoint took to be written and verified beside
+  training (the driver's log);
+* ``start_to_first_step_warm_s``: the same launch again as a fresh job in a new run folder
+  (``--relaunch-steps`` steps, no checkpoint or evaluation), once the first run has left its
+  compiled graphs in the compile cache: what a user's second job on the machine waits;
 * ``steady_samples_per_s``; ``e2e_efficiency``: median step time x steps / wall time;
 * ``e2e_efficiency_after_start``: the same over the wall time after the first step;
 * ``resumed_from_step``: the checkpoint the restart loaded (0: none, from the start);
@@ -127,6 +132,7 @@ def _due(metrics: Path, log_path: Path, kill_at: int, wait_checkpoint: bool) -> 
 
 
 _CHECKPOINT = re.compile(r"checkpoint \S*checkpoints/step_0*(\d+) \(held")
+_WRITTEN = re.compile(r"written and verified in ([0-9.]+)s")
 _RESUMED = re.compile(r"resuming from step (\d+)")
 
 
@@ -162,6 +168,7 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "start_to_first_step_s": first_step_s,
         "checkpoint_stall_s": max(held) if held else None,
         "checkpoint_held_s": held,
+        "checkpoint_write_s": max((float(x) for x in _WRITTEN.findall(log_text)), default=None),
         "checkpoint_step_excess_s": max(excess) if excess else None,
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
         "steady_step_time_s": median_step,
@@ -192,6 +199,9 @@ def main(argv=None) -> dict:
     p.add_argument("--loss-rtol", type=float, default=1e-3)
     p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop the job after this long and report what it did")
+    p.add_argument("--relaunch-steps", type=int, default=3,
+                   help="then launch a fresh job of this many steps on the warm compile "
+                        "cache (0: not)")
     args = p.parse_args(argv)
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -220,9 +230,24 @@ def main(argv=None) -> dict:
         result.update(_summarise(times, rows, log_text,
                                  samples_per_step=2 * args.micro_batch, loss_rtol=args.loss_rtol))
         result["exported"] = (run_dir / "export" / "model.safetensors").exists()
+    if args.relaunch_steps:
+        result["start_to_first_step_warm_s"] = _relaunch(args, target, data, work, out)
     (out / "h200_e2e_8b.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2), flush=True)
     return result
+
+
+def _relaunch(args, target: Path, data: Path, work: Path, out: Path) -> float | None:
+    """A fresh job of ``--relaunch-steps`` steps in a new run folder: seconds from its launch
+    to its first step (None when it logged none)."""
+    run_dir = work / "run_warm"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    short = argparse.Namespace(**{**vars(args), "steps": args.relaunch_steps, "every": 0})
+    times = _run_and_kill(_command(short, target, data, run_dir), out / "e2e_8b_warm.log",
+                          run_dir / "metrics.jsonl", kill_at=10**9,
+                          deadline_s=args.deadline_s, wait_checkpoint=False)
+    train = [r for r in _rows(run_dir / "metrics.jsonl") if "train/loss" in r]
+    return train[0]["time"] - times["launch"] if train else None
 
 
 def _gpu_name() -> str:

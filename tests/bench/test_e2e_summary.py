@@ -22,8 +22,10 @@ def _rows(repeat_loss_shift: float = 0.0):
     return rows, kill, t
 
 
-LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written ...)\n"
-       "checkpoint runs/checkpoints/step_00000200 (held training 0.70s, written ...)\n"
+LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written and verified "
+       "in 34.1s beside it)\n"
+       "checkpoint runs/checkpoints/step_00000200 (held training 0.70s, written and verified "
+       "in 19.5s beside it)\n"
        "lost drafter 0 (node 0) at 12:00:00; resuming from step 100 (restart 1 of 2)\n")
 
 
@@ -34,6 +36,7 @@ def test_figures_follow_from_the_rows():
     assert out["steps"] == 200
     assert out["start_to_first_step_s"] == rows[0]["time"] - 40.0
     assert out["checkpoint_stall_s"] == 0.8
+    assert out["checkpoint_write_s"] == 34.1  # the slowest write, not the last
     assert abs(out["checkpoint_step_excess_s"] - 1.0) < 1e-9
     assert abs(out["kill_to_training_s"] - 20.4) < 1e-6
     assert out["steady_samples_per_s"] == 16.0
