@@ -37,11 +37,12 @@ class RealScale:
     humaneval_prompts: int = 164
     # Regeneration.
     max_new_tokens: int = 192
-    # 2,048 rows: 72.9k tokens/s sustained on SmolLM2 against 50.8k at 512; sdpa: flex's
-    # decode step was 2.5x slower a step (docs/BENCHMARKS.md, 2026-12-04).
+    # 4,096 rows with the varlen step: 104.9k tokens/s sustained on SmolLM2 against 92.9k at
+    # 2,048 rows and sdpa's 85.9k at 4,096 (flex: 2.5x slower a step than sdpa; 512 rows:
+    # 50.8k; docs/BENCHMARKS.md, 2026-12-04).
     regen_batch_size: int = 8192  # conversations per regenerate call (--batch-size)
-    regen_rows: int = 2048  # the static engine's rows; rows refill within a call (--static-rows)
-    regen_attention: str = "sdpa"  # the static engine's decode-step attention
+    regen_rows: int = 4096  # the static engine's rows; rows refill within a call (--static-rows)
+    regen_attention: str = "auto"  # the decode step's attention: varlen on CUDA in bf16
     # Drafters: overrides of the smollm2_135m preset.
     block_size: int = 16
     drafter_layers: int = 5

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 from pipeline.data.config import FORMATS, ON_BAD_LINE
 from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES
 from pipeline.regen.config import DEVICES, DTYPES, RegenConfig
-from pipeline.regen.static_attention import ATTENTIONS
+from pipeline.regen.static_attention import CHOICES as ATTENTIONS
 from pipeline.regen.runner import execute, prepare
 
 # One source of defaults: the flags show RegenConfig's.
@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static: requests decoded at once (the KV cache's rows)")
     p.add_argument("--static-attention", choices=ATTENTIONS,
                    default=_DEFAULTS["static_attention"],
-                   help="static: the decode step's attention (flex reads each row's own "
-                        "prefix only)")
+                   help="static: the decode step's attention (flex and varlen read each "
+                        "row's own prefix only; auto: varlen on CUDA in bf16/fp16, else sdpa)")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,

@@ -8,7 +8,7 @@ from typing import Optional
 
 from pipeline.data.config import FORMATS, ON_BAD_LINE
 from pipeline.regen.cb import ENGINES, CbOptions
-from pipeline.regen.static_attention import ATTENTIONS
+from pipeline.regen.static_attention import CHOICES as ATTENTIONS
 from pipeline.validate import require, require_choice
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,8 +34,9 @@ class RegenConfig:
     batch_size: Optional[int] = None
     static_rows: int = 512  # static: the KV cache's rows (requests decoded at once)
     # static: the decode step's attention (pipeline/regen/static_attention.py: sdpa and
-    # matmul read every row's cache up to the furthest row; flex reads each row's own prefix).
-    static_attention: str = "sdpa"
+    # matmul read every row's cache up to the furthest row; flex and varlen each row's own
+    # prefix). auto: varlen where its kernel runs (CUDA, bf16/fp16), else sdpa.
+    static_attention: str = "auto"
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).

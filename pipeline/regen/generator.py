@@ -25,7 +25,7 @@ class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
                  max_new_tokens: int, enable_thinking: bool = True, engine: str = "static",
                  cb_options: Optional[CbOptions] = None, static_rows: int = 512,
-                 static_attention: str = "sdpa") -> None:
+                 static_attention: str = "auto") -> None:
         self.rank = rank
         self.enable_thinking = enable_thinking
         self.device = actor_device(device)
@@ -45,10 +45,16 @@ class GeneratorWorker:
         # every call that fits them (pipeline.regen.static_decoder.StaticEngine).
         self.static = None
         if engine == "static" and self._static_serves():
+            from pipeline.regen.static_attention import resolve_attention
             from pipeline.regen.static_decoder import StaticEngine
 
             self.engine = "static"
-            self.static = StaticEngine(self.model, static_rows, attention=static_attention)
+            param = next(self.model.parameters())
+            attention = resolve_attention(static_attention, param.device, param.dtype)
+            if attention != static_attention:
+                log.info("generator %d: --static-attention auto: %s on %s (%s)", rank,
+                         attention, param.device, param.dtype)
+            self.static = StaticEngine(self.model, static_rows, attention=attention)
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
 

@@ -56,6 +56,11 @@ NAMES = {"sdpa": "pipeline_static_rows", "matmul": "pipeline_static_rows_matmul"
          "flex": "pipeline_static_rows_flex", "varlen": "pipeline_static_rows_varlen"}
 ATTENTIONS = tuple(NAMES)
 NAME = NAMES["sdpa"]
+# What pipeline.regenerate offers: "auto" picks varlen where its kernel runs (the fastest
+# there: SmolLM2-135M on the H200 at 4,096 rows, 104.9k tokens/s sustained against sdpa's
+# 85.9k, docs/BENCHMARKS.md 2026-12-04), else sdpa.
+AUTO = "auto"
+CHOICES = (AUTO, *ATTENTIONS)
 
 
 def _prefill(query, key, value, attention_mask, scaling):
@@ -167,6 +172,17 @@ def check_attention(attention: str, device: torch.device, dtype: torch.dtype) ->
     if not _has_seqused_k():
         raise ValueError(f"attention=varlen: torch {torch.__version__} has no flash kernel "
                          "with per-row key lengths (seqused_k): use sdpa")
+
+
+def resolve_attention(attention: str, device, dtype: torch.dtype) -> str:
+    """``attention`` itself, or for ``auto`` varlen where its kernel runs, else sdpa."""
+    if attention != AUTO:
+        return attention
+    try:
+        check_attention("varlen", device, dtype)
+    except ValueError:
+        return "sdpa"
+    return "varlen" if torch.device(device).type == "cuda" else "sdpa"
 
 
 def _varlen_kernel_serves(query: torch.Tensor) -> bool:

@@ -103,14 +103,17 @@ def test_static_engine_stores_the_same_records_as_generate(workers):
     assert static.static.decoder is decoder
 
 
-@pytest.mark.parametrize("attention", ["flex", "varlen"])
-def test_static_engine_with_another_step_stores_the_same_records(workers, target, attention):
-    """``--static-attention`` reaches the worker's engine, whose answers stay generate's."""
+@pytest.mark.parametrize("attention, runs", [("flex", "flex"), ("varlen", "varlen"),
+                                             ("auto", "sdpa")])
+def test_static_engine_with_another_step_stores_the_same_records(workers, target, attention,
+                                                                 runs):
+    """``--static-attention`` reaches the worker's engine (auto: sdpa on CPU), whose answers
+    stay generate's."""
     _, plain, _ = workers
     other = GeneratorWorker(rank=0, target_path=target, device="cpu", dtype=torch.float32,
                             max_new_tokens=MAX_NEW, engine="static", static_rows=2,
                             static_attention=attention)
-    assert other.static.attention == attention
+    assert other.static.attention == runs
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
     assert [(r.messages, r.turns) for r in other.generate(requests)] == [
         (r.messages, r.turns) for r in plain.generate(requests)]

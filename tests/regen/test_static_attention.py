@@ -58,6 +58,22 @@ def test_varlen_on_cuda_is_refused_where_its_kernel_cannot_run(monkeypatch):
     sa.check_attention("sdpa", cuda, torch.float32)
 
 
+def test_auto_picks_varlen_only_where_its_kernel_runs(monkeypatch):
+    """auto: varlen on CUDA in bf16/fp16 with a seqused_k kernel, sdpa elsewhere (CPU, fp32,
+    an older torch); a named attention is kept as it is."""
+    import pipeline.regen.static_attention as sa
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(sa, "_has_seqused_k", lambda: True)
+    assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "varlen"
+    assert sa.resolve_attention("auto", cuda, torch.float16) == "varlen"
+    assert sa.resolve_attention("auto", cuda, torch.float32) == "sdpa"
+    assert sa.resolve_attention("auto", cpu, torch.bfloat16) == "sdpa"
+    assert sa.resolve_attention("flex", cuda, torch.float32) == "flex"
+    monkeypatch.setattr(sa, "_has_seqused_k", lambda: False)
+    assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "sdpa"
+
+
 def test_varlen_folds_each_query_group_into_one_kernel_sequence(monkeypatch):
     """The kernel call's layout (each row's query group as that row's queries, one head per kv
     head, keys read to each row's length) against the SDPA form, with the kernel's contract
