@@ -48,10 +48,10 @@ H200 = {
                     "--profile {logs}/smol_step_profile.txt", 150),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
                   "--baseline-prompts 2 --batch-size 64 --humaneval {humaneval}", 90),
-    # The same sustained decoding with the varlen step (each row's cache read to its own
-    # length), beside sdpa's in the run above: the regeneration's default follows the faster.
+    # Sustained decoding with the varlen step (each row's cache read to its own length),
+    # the regeneration's default on CUDA, at the rows where it was fastest on 2026-12-04.
     "smol_varlen": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
-                    "--humaneval {humaneval} --sustained-prompts 4096 --sustained-batch 2048 "
+                    "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
                     "--attention varlen", 90),
     "q8b_static": ("bench.decode_static", "--model qwen3_8b_random --prompts 256 "
                    "--max-new-tokens 256 --batch 256 --runs static,hf --sustained-prompts 1024 "
