@@ -58,7 +58,8 @@ def actor_env() -> dict[str, str]:
 
 
 def init_ray(address: Optional[str], cpus_needed: float) -> bool:
-    """Join ``address`` (or $RAY_ADDRESS), else start a private local cluster.
+    """Join ``address`` (or $RAY_ADDRESS), else (or when it is "local") start a private local
+    cluster.
 
     A local cluster gets logical CPUs enough for every actor, even on a 2-core laptop.
     Returns True when this call initialised Ray (the caller may shut it down).
@@ -66,11 +67,13 @@ def init_ray(address: Optional[str], cpus_needed: float) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address and address != "local":
         ray.init(address=address)
     else:
-        # "local": a cluster of our own. Without it ray.init() joins any Ray it finds running
-        # on the machine (another user's, another test's).
+        # A cluster of our own, also for "local" (what the quality bench's subprocesses set):
+        # through init_local, so its actors start without a runtime_env. Without it
+        # ray.init() joins any Ray it finds running on the machine (another user's, another
+        # test's).
         _private_cluster_auth()
         init_local(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
                    include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG)

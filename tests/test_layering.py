@@ -145,3 +145,24 @@ def test_the_check_sees_an_upward_import():
     assert upward_imports("driver/actors.py", source) == [
         "pipeline/driver/actors.py:5 (driver) imports pipeline.reference.trainer (reference)"]
     assert not upward_imports("train.py", source)
+
+
+# Imported by none of the workers' modules: each Ray actor is a fresh Python process that
+# imports its class's module, and these cost most of a CPU-second each (DCP and DTensor bring
+# sympy). The drafter imports DCP where it saves or loads a checkpoint, FSDP under
+# drafter.parallel=fsdp; the target's transformers model brings its own.
+_HEAVY = ("torch.distributed.checkpoint", "torch.distributed.tensor", "torch.distributed.fsdp",
+          "torch._dynamo", "sympy", "transformers")
+
+
+def test_importing_a_worker_module_imports_no_checkpoint_or_compiler_stack():
+    import subprocess
+    import sys
+
+    modules = ["pipeline.workers." + m for m in ("drafter_worker", "target_worker",
+                                                 "prefetcher", "eval_worker", "stage_worker")]
+    code = (f"import sys, {', '.join(modules)}\n"
+            f"print(','.join(m for m in {_HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=PACKAGE.parent, check=True).stdout.strip()
+    assert out == "", f"importing the worker modules imported {out}"

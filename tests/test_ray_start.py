@@ -40,3 +40,27 @@ def test_actors_see_actor_env_with_or_without_a_runtime_env(ray_session, monkeyp
                                                               "offline-from-the-test"}
     finally:
         ray_start.kill_actors([first, second])
+
+
+def test_ray_address_local_starts_the_private_cluster_through_init_local(monkeypatch):
+    """RAY_ADDRESS=local (the quality bench's subprocesses) is a cluster of our own, started as
+    with no address at all: through init_local, so that its actors need no runtime_env."""
+    import ray
+
+    from pipeline import ray_start
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(("ray.init", kw)))
+    monkeypatch.setattr(ray_start, "init_local", lambda **kw: calls.append(("init_local", kw)))
+    monkeypatch.setattr(ray_start, "_private_cluster_auth", lambda: None)
+    for address in (None, "local"):
+        monkeypatch.setenv("RAY_ADDRESS", address or "")
+        assert ray_start.init_ray(None, 3) is True
+    assert ray_start.init_ray("local", 3) is True
+    assert [name for name, _ in calls] == ["init_local"] * 3
+    assert all(kw["_system_config"] == ray_start.LOCAL_SYSTEM_CONFIG for _, kw in calls)
+    calls.clear()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    ray_start.init_ray(None, 3)
+    assert calls == [("ray.init", {"address": "10.0.0.1:6379"})]

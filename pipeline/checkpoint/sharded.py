@@ -10,7 +10,7 @@ and a load, at a step boundary or before training, and each handles its own part
 
 A load reads whatever chunks the ranks of *this* job need, so a checkpoint saved by 2 fsdp
 ranks loads at 1 or 3 ranks, or into replicas, and a replicated one into shards (resharding).
-DCP's collectives run on a gloo group of their own (:func:`checkpoint_group`): a background
+DCP's collectives run on a gloo group of their own (writer.checkpoint_group): a background
 save plans and finishes on it while the step loop's group (NCCL on GPUs) goes on training.
 """
 
@@ -20,7 +20,6 @@ import collections
 import contextlib
 import pathlib
 import pickle
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -41,14 +40,6 @@ from pipeline.dist import fsdp
 DRAFTER_DIR = "drafter"
 # The one file of a checkpoint written before DCP: the whole trainer state (torch.save).
 LEGACY_FILE = "drafter.pt"
-
-
-def checkpoint_group(timeout_s: float) -> dist.ProcessGroup:
-    """A gloo group over the default group's ranks, for DCP's collectives (a collective: every
-    rank, when the default group is formed). Gloo runs on host memory, so a save's planning and
-    its closing exchange can run in a background thread under NCCL training; and being its own
-    group, they never interleave with the step loop's collectives."""
-    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 @contextlib.contextmanager

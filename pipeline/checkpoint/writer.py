@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,6 +38,14 @@ from pipeline.diskfull import is_disk_full
 log = logging.getLogger(__name__)
 
 TRAINER_FILE = "trainer.pt"
+
+
+def checkpoint_group(timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group over the default group's ranks, for DCP's collectives (a collective: every
+    rank, when the default group is formed). Gloo runs on host memory, so a save's planning and
+    its closing exchange can run in a background thread under NCCL training; and being its own
+    group, they never interleave with the step loop's collectives."""
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 @dataclass(frozen=True)

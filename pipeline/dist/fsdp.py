@@ -20,27 +20,28 @@ per rank and step first.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     set_model_state_dict,
-                                                     set_optimizer_state_dict)
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import distribute_tensor
 
 from pipeline.dist.reduce import FlatReducer
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# FSDP2, DTensor and DCP's state-dict helpers are imported inside the functions that use
+# them: together most of a CPU-second (sympy among them) in every process that imports this
+# module, and every drafter actor does, while only drafter.parallel=fsdp and the checkpoint
+# code ever call them.
 
 
 def shard(model: nn.Module, device: torch.device) -> None:
     """Shard each decoder layer and the root over the default process group. The module's
     parameters are the shards (DTensors) until :func:`gather`: build the optimizer on them
     first."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
     mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=False)
@@ -49,8 +50,13 @@ def shard(model: nn.Module, device: torch.device) -> None:
     model.set_reshard_after_backward(False)
 
 
-def _fsdp_modules(model: nn.Module) -> list[FSDPModule]:
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+def _fsdp_modules(model: nn.Module) -> list:
+    """The model's FSDP-sharded modules; none where FSDP was never imported (nothing can have
+    been sharded then)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return []
+    return [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
 
 
 def gather(model: nn.Module) -> None:
@@ -86,6 +92,8 @@ class ShardedReducer:
         for _, p in named:
             p.grad = None
         scatter(self.model)
+        from torch.distributed.tensor import distribute_tensor
+
         for name, p in self.model.named_parameters():
             # Each rank holds the whole sum already: it keeps its own slice, no communication.
             p.grad = distribute_tensor(grads[name], p.device_mesh, p.placements,
@@ -96,6 +104,10 @@ class ShardedReducer:
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict,
                     optim: dict) -> None:
     """Load a whole state in the format before DCP (drafter.pt) that every rank has read."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
     scatter(model)
     fqn_of = {id(p): n for n, p in model.named_parameters()}
     fqns = [fqn_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
@@ -112,7 +124,10 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights:
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded weights on CPU: a collective every rank enters; rank 0 gets them, the
     others an empty dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     scatter(model)
-    weights = get_model_state_dict(model, options=_FULL)
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                   cpu_offload=True))
     gather(model)
     return weights

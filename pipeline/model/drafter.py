@@ -15,31 +15,18 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from pipeline.model.config import DrafterSpec, hf_qwen3_config
+from pipeline.model.config import DrafterSpec
 from pipeline.model.norm import RMSNorm
+from pipeline.model.qwen3_parts import drafter_config, mlp, rotary_embedding, rotate_half
 
 # A dense boolean mask [N, 1, Q, K] (True = may attend) for SDPA, or a flex BlockMask.
 AttentionMask = Union[torch.Tensor, BlockMask, None]
 
 
-# transformers' Qwen3 modules (MLP, rotary embedding, rotate_half), imported when the first
-# layer is built: the import (transformers' model stack, torch._dynamo) costs over a
-# CPU-second, which a process that only names the drafter's classes (the driver) never needs.
-_qwen3 = None
-
-
-def _qwen3_modules():
-    global _qwen3
-    if _qwen3 is None:
-        from transformers.models.qwen3 import modeling_qwen3
-        _qwen3 = modeling_qwen3
-    return _qwen3
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # cos/sin: [N, L, D] -> broadcast over heads of x: [N, heads, L, D]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _qwen3_modules().rotate_half(x) * sin
+    return x * cos + rotate_half(x) * sin
 
 
 _compiled_flex = None
@@ -118,7 +105,7 @@ class DFlashLayer(nn.Module):
     def __init__(self, hf_config) -> None:
         super().__init__()
         self.self_attn = DFlashAttention(hf_config)
-        self.mlp = _qwen3_modules().Qwen3MLP(hf_config)
+        self.mlp = mlp(hf_config)
         self.input_layernorm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size,
                                                      eps=hf_config.rms_norm_eps)
@@ -134,12 +121,12 @@ class DFlashDrafter(nn.Module):
     def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
         self.spec = spec
-        hf = hf_qwen3_config(spec.hf_config)
+        hf = drafter_config(spec.hf_config)
         self.layers = nn.ModuleList(DFlashLayer(hf) for _ in range(hf.num_hidden_layers))
         self.fc = nn.Linear(spec.feature_size, hf.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
         self.norm = RMSNorm(hf.hidden_size, eps=hf.rms_norm_eps)
-        self.rotary_emb = _qwen3_modules().Qwen3RotaryEmbedding(hf)
+        self.rotary_emb = rotary_embedding(hf)
         self.reset_parameters(hf.initializer_range)
 
     @torch.no_grad()

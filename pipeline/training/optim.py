@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from pipeline.training.config import OptimConfig
 
@@ -61,7 +61,7 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
             p.grad.div_(denominator)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
-    if isinstance(norm, DTensor):  # sharded gradients (drafter.parallel=fsdp): the global norm
+    if _is_dtensor(norm):  # sharded gradients (drafter.parallel=fsdp): the global norm
         norm = norm.full_tensor()
     skipped = not (math.isfinite(denominator) and bool(torch.isfinite(norm)))
     if not skipped:
@@ -71,3 +71,10 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     # DrafterTrainer).
     optimizer.zero_grad(set_to_none=False)
     return float(norm), skipped
+
+
+def _is_dtensor(x: object) -> bool:
+    """Whether ``x`` is a DTensor, without importing DTensor (most of a CPU-second, in every
+    drafter actor): where torch.distributed.tensor was never imported, nothing is one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(x, module.DTensor)

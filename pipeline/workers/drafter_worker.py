@@ -8,6 +8,7 @@ optimizer step ``step``, which sums gradients and denominators over all replicas
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -18,10 +19,10 @@ from pipeline.dist.fsdp import full_weights
 from pipeline.dist.reduce import FlatReducer
 from pipeline.dist.rendezvous import (MasterAddress, backend_for, destroy_group, init_group,
                                       pick_master)
-from pipeline.checkpoint import sharded
 from pipeline.checkpoint.files import load_state, out_of_memory
 from pipeline.checkpoint.host_copy import HostPool
-from pipeline.checkpoint.writer import TRAINER_FILE, AsyncSaver, SaveDone
+from pipeline.checkpoint.writer import (TRAINER_FILE, AsyncSaver, SaveDone,
+                                        checkpoint_group)
 from pipeline.model.config import DrafterConfig, DrafterSpec
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target_head
@@ -35,6 +36,9 @@ from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
 from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
 from pipeline.workers.weights import Weights, weights_of
+
+# pipeline.checkpoint.sharded (DCP, DTensor: most of a CPU-second to import) is imported where
+# a checkpoint is saved or loaded: a drafter of a job that never saves never pays for it.
 
 
 class DrafterWorker:
@@ -71,7 +75,7 @@ class DrafterWorker:
         else:
             numel = sum(p.numel() for p in self.trainer.model.parameters())
             self.reducer = FlatReducer(numel, self.device)
-        self.saver = self._saver(sharded.checkpoint_group(timeout_s))
+        self.saver = self._saver(checkpoint_group(timeout_s))
 
     def _saver(self, group) -> AsyncSaver:
         """Each fsdp rank writes its shards; of replicas, rank 0 writes (the others only plan).
@@ -140,6 +144,8 @@ class DrafterWorker:
         error) comes back from the owner in a later :class:`StepResult` or from
         :meth:`wait_saves`; only then does the checkpoint count."""
         assert self.saver is not None, "init_group must run before save_checkpoint"
+        from pipeline.checkpoint import sharded  # see the top
+
         with sharded.shards_in_place(self.trainer.model, self.trainer.sharded is not None):
             return self.saver.start(
                 lambda: sharded.drafter_state(self.trainer.model, self.trainer.optimizer),
@@ -153,6 +159,8 @@ class DrafterWorker:
         """Load a checkpoint folder as this job shards the drafter (every rank): DCP's
         ``drafter/`` and ``trainer.pt``, or a ``drafter.pt`` written before DCP. Nothing is
         unpickled beyond tensors, plain containers and DCP's index (no code runs)."""
+        from pipeline.checkpoint import sharded  # see the top
+
         path = Path(folder)
         try:
             if (path / sharded.LEGACY_FILE).is_file():
@@ -211,9 +219,11 @@ class DrafterWorker:
 
 
 def cudagraph_skips() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["inductor"]["cudagraph_skips"])
+    """Inductor's count of graphs it declined to capture; 0 without reading it where dynamo
+    was never imported (nothing was compiled then): the import costs about a CPU-second,
+    which an uncompiled drafter would otherwise pay at its first step."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else int(utils.counters["inductor"]["cudagraph_skips"])
 
 
 class _TimedReducer:
