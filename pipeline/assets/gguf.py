@@ -35,7 +35,7 @@ ENV_VAR = "DFLASH_GGUF_CACHE"
 SUFFIX = ".gguf"
 MANIFEST = "gguf_source.json"  # written last: its presence marks a finished conversion
 # Raised when the conversion changes: a folder an older converter wrote is converted again.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 # What transformers needs to read a GGUF file; `pip install -e .[gguf]` installs both.
 NEEDS = ("gguf", "accelerate")
 INSTALL_HINT = "pip install -e .[gguf]"
@@ -132,6 +132,7 @@ def convert(path: str, out_dir: str) -> dict:
                                                  GenerationConfig)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    _no_space_cleanup(tokenizer, out_dir)
     if tokenizer.chat_template is None:
         log.warning("%s carries no chat template (tokenizer.chat_template metadata): chat "
                     "data cannot be rendered for this target", path)
@@ -158,6 +159,25 @@ def _set_special_tokens(tokenizer, path: str) -> None:
         if field is not None:
             token_id = int(field.parts[field.data[0]][0])
             setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
+
+
+def _no_space_cleanup(tokenizer, out_dir: str) -> None:
+    """Write in the folder what transformers does anyway for a BPE tokenizer: no clean-up of
+    spaces before punctuation (it would change the text). SmolLM2's file leaves it on, and
+    transformers then warns on the first decode of every process that it ignores it: a line
+    in every regeneration and training log that its user cannot act on. Written into the
+    saved config, as a value equal to a version's default may be left out of it."""
+    from tokenizers import models
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not isinstance(backend.model, models.BPE):
+        return
+    config_path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(config_path) as f:
+        saved = json.load(f)
+    saved["clean_up_tokenization_spaces"] = False
+    with open(config_path, "w") as f:
+        json.dump(saved, f, indent=2, ensure_ascii=False)
 
 
 def _clean_config(config):

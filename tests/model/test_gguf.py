@@ -102,6 +102,12 @@ def test_converted_once_then_reused_silently(tiny_source, gguf_cache, tmp_path, 
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "there"}]
     assert (converted.apply_chat_template(chat, tokenize=False)
             == tokenizer.apply_chat_template(chat, tokenize=False))
+    # Byte-level BPE: the folder says no space clean-up (what decoding does anyway), so
+    # transformers does not warn on each load; decoding is unchanged.
+    saved = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+    assert saved["clean_up_tokenization_spaces"] is False
+    ids = tokenizer("a , b . c ! don 't")["input_ids"]
+    assert converted.decode(ids) == tokenizer.decode(ids) == "a , b . c ! don 't"
     generation = json.loads((Path(folder) / "generation_config.json").read_text())
     assert generation["eos_token_id"] == tokenizer.eos_token_id == converted.eos_token_id
 
