@@ -177,6 +177,7 @@ def gather(runs: dict) -> dict:
         "training_step_ms_8b": {name: pick("q8b_beside", "phases", name, "median_ms")
                                 for name in (runs.get("q8b_beside", {}).get("phases") or {})},
         "training_slowdown_beside_eval_8b": pick("q8b_beside", "slowdown_vs_alone"),
+        "training_slowdown_mean_beside_eval_8b": pick("q8b_beside", "slowdown_mean_vs_alone"),
         "eval_tau_equal": (None if "error" in equal or not equal else
                            equal.get("outputs_agree_share") == 1.0
                            and equal.get("tau_difference") == 0.0),

@@ -18,8 +18,20 @@ def test_trainer_times_steps_alone_and_beside_a_running_evaluator(tmp_path):
     assert set(result["phases"]) == {"alone", "beside_duty_0.5", "beside_duty_1.0"}
     assert all(p["steps"] == 2 and p["median_ms"] > 0 for p in result["phases"].values())
     assert set(result["slowdown_vs_alone"]) == {"beside_duty_0.5", "beside_duty_1.0"}
+    assert set(result["slowdown_mean_vs_alone"]) == {"beside_duty_0.5", "beside_duty_1.0"}
     # The evaluator was decoding during each beside phase (rounds after its start signal).
     assert all(result["evaluator"][d]["rounds"] >= 1 for d in ("0.5", "1.0"))
     # What stays in the work folder is logs and figures, not the roles' handshakes.
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [
         "eval.log", "evaluator.json", "train.log", "trainer.json"]
+
+
+def test_slowdown_is_reported_by_median_and_by_mean(tmp_path):
+    """A phase whose median matches the alone phase but whose mean does not (a few slow steps,
+    as beside an evaluator's prefill chunk) shows in the mean's slowdown, not the median's."""
+    phases = {"alone": {"median_ms": 100.0, "mean_ms": 100.0},
+              "beside_duty_0.15": {"median_ms": 101.0, "mean_ms": 110.0}}
+    (tmp_path / "trainer.json").write_text(json.dumps({"phases": phases}))
+    result = eval_beside_training._summary(tmp_path)
+    assert result["slowdown_vs_alone"] == {"beside_duty_0.15": 0.01}
+    assert result["slowdown_mean_vs_alone"] == {"beside_duty_0.15": 0.1}
