@@ -118,7 +118,8 @@ def run_one(name, model, prompts, max_new, stops, batch, pad_id, args):
     if name in ("static", "static_eager"):
         engine = StaticEngine(model, batch, cuda_graphs=name == "static",
                               sync_every=args.sync_every, refill_rows=args.refill_rows,
-                              attention=args.attention, timing=True)
+                              attention=args.attention, timing=True,
+                              compile_step=args.compile_step)
         return engine.decode(prompts, max_new, stops), engine.last_stats
     return hf_generate(model, prompts, max_new, stops, batch, pad_id, name == "hf_static"), None
 
@@ -168,7 +169,7 @@ def sustained_run(args, model, prompts, stops) -> dict:
 
     rows = args.sustained_batch or args.batch
     engine = StaticEngine(model, rows, sync_every=args.sync_every, refill_rows=args.refill_rows,
-                          attention=args.attention, timing=True)
+                          attention=args.attention, timing=True, compile_step=args.compile_step)
     with torch.no_grad():
         # The longest prompts first: the cache is then sized for every later one (one build).
         wave = sorted(prompts, key=len, reverse=True)[:rows]
@@ -254,6 +255,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv=None) -> dict:
+    from bench.decode_step import VARIANTS
     from pipeline.regen.static_attention import ATTENTIONS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -270,13 +272,15 @@ def main(argv=None) -> dict:
     p.add_argument("--refill-rows", type=int, default=None, help="default: 1/8 of the rows")
     p.add_argument("--attention", choices=ATTENTIONS, default="sdpa",
                    help="the static engine's decode-step attention")
+    p.add_argument("--compile-step", action="store_true",
+                   help="the static engine's decode step through torch.compile (varlen only)")
     p.add_argument("--sustained-prompts", type=int, default=0,
                    help="also decode this many prompts on one kept engine (0: off)")
     p.add_argument("--sustained-batch", type=int, default=0, help="its rows (0: --batch)")
     p.add_argument("--step-rows", type=_ints, default=[],
                    help="comma-separated row counts to time one decode step at (bench.decode_step)")
     p.add_argument("--step-attention", default="sdpa,matmul,flex,varlen",
-                   help=f"attention variants the step timing compares, from {', '.join(ATTENTIONS)}")
+                   help=f"step variants the step timing compares, from {', '.join(VARIANTS)}")
     p.add_argument("--profile", type=Path, default=None,
                    help="write the top kernels of a few decode steps (first --step-rows) here")
     p.add_argument("--humaneval", default=None, help="HumanEval.jsonl.gz (models with a tokenizer)")
@@ -287,9 +291,11 @@ def main(argv=None) -> dict:
     if bad:
         p.error(f"--runs {','.join(bad)}: allowed {', '.join(RUNS)}")
     args.step_attention = [a for a in args.step_attention.split(",") if a]
-    wrong = [a for a in args.step_attention if a not in ATTENTIONS]
+    wrong = [a for a in args.step_attention if a not in VARIANTS]
     if wrong or not args.step_attention:
-        p.error(f"--step-attention {','.join(wrong) or '(empty)'}: allowed {', '.join(ATTENTIONS)}")
+        p.error(f"--step-attention {','.join(wrong) or '(empty)'}: allowed {', '.join(VARIANTS)}")
+    if args.compile_step and args.attention != "varlen":
+        p.error(f"--compile-step needs --attention varlen, not {args.attention}")
     if args.profile is not None and not args.step_rows:
         p.error("--profile profiles the step timing: give --step-rows too")
     result = measure(args)

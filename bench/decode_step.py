@@ -9,6 +9,9 @@ the step must read and compute at that span: weights (the input embedding except
 gathered, not read) plus every row's K/V columns up to the span, against 4.8 TB/s, and 2 FLOPs
 a weight a row plus attention against 989 TFLOP/s (H200 datasheet, dense bf16). The useful
 share of the K/V read (columns a row actually has, the rest are masked) is reported too.
+The variant ``varlen+compile`` is varlen's step through ``torch.compile``
+(``static_decoder.compiled_forward``); ``first_step_s`` holds each variant's first, untimed
+step (a compile's cost there).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from pipeline.regen.static_attention import swapped
-from pipeline.regen.static_decoder import StaticDecoder
+from pipeline.regen.static_attention import ATTENTIONS, swapped
+from pipeline.regen.static_decoder import StaticDecoder, compiled_forward
 
 log = logging.getLogger(__name__)
 
+# The step variants: each decode attention, and varlen's step through torch.compile.
+COMPILED = "+compile"
+VARIANTS = (*ATTENTIONS, "varlen" + COMPILED)
 HBM_BYTES_PER_S = 4.8e12   # H200 datasheet
 DENSE_BF16_FLOPS = 989e12  # H200 datasheet
 
@@ -136,9 +142,11 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     per_variant = 2 * steps + 10  # steps a variant moves every row: warm-ups, timed, profiled
     out: dict = {"rows": rows, "steps_timed": steps, "variants": {}}
     tables = []
-    layouts = [[a for a in attentions if a != "varlen"], [a for a in attentions if a == "varlen"]]
+    layouts = [[a for a in attentions if not a.startswith("varlen")],
+               [a for a in attentions if a.startswith("varlen")]]
     for group in (g for g in layouts if g):
-        decoder = _filled(model, prompts, rows, len(group) * per_variant, group[0])
+        decoder = _filled(model, prompts, rows, len(group) * per_variant,
+                          group[0].removesuffix(COMPILED))
         for attention in group:
             out["variants"][attention] = _variant(decoder, model, rows, attention, steps,
                                                   per_variant, tables, profile)
@@ -150,8 +158,9 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     return out
 
 
-def _variant(decoder: StaticDecoder, model, rows: int, attention: str, steps: int,
+def _variant(decoder: StaticDecoder, model, rows: int, name: str, steps: int,
              per_variant: int, tables: list, profile: Optional[Path]) -> dict:
+    attention = name.removesuffix(COMPILED)
     base = int(decoder.pos.max())
     span = -(-(base + per_variant + 1) // decoder.span_bucket) * decoder.span_bucket
     span = min(span, decoder.capacity)
@@ -160,8 +169,12 @@ def _variant(decoder: StaticDecoder, model, rows: int, attention: str, steps: in
     if attention == "sdpa":
         figures["sdpa_backends"] = sdpa_backends(decoder, span)
     decoder.attention = attention  # the step's mask follows it
+    decoder.step_forward = compiled_forward(decoder.body) if name != attention else decoder.body
+    # Each variant's graph in a pool of its own: on the H200 (torch 2.11) varlen captured into
+    # the pool that still held varlen+compile's graph failed an allocator assertion.
+    decoder.pool = None
     try:
-        _time_variant(decoder, attention, span, steps, figures, tables, profile)
+        _time_variant(decoder, name, span, steps, figures, tables, profile)
     except Exception as e:  # one variant failing (a kernel that will not compile) is a
         # figure of its own; the others' figures stand
         figures["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
@@ -172,14 +185,16 @@ def _variant(decoder: StaticDecoder, model, rows: int, attention: str, steps: in
     return figures
 
 
-def _time_variant(decoder: StaticDecoder, attention: str, span: int, steps: int, figures: dict,
+def _time_variant(decoder: StaticDecoder, name: str, span: int, steps: int, figures: dict,
                   tables: list, profile: Optional[Path]) -> None:
     """One variant's uncaptured and captured ms/step into ``figures``; with ``profile``, its
     kernel tables appended to ``tables`` and all of them written there."""
     device, rows = decoder.device, decoder.rows
-    with swapped(decoder.model, attention):
-        decoder._step(span)  # warm-up: kernels pick their algorithms
+    with swapped(decoder.model, decoder.attention):
+        t0 = time.perf_counter()
+        decoder._step(span)  # warm-up: kernels pick their algorithms (and a compile runs)
         _sync(device)
+        figures["first_step_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(steps // 2):
             decoder._step(span)
@@ -197,11 +212,11 @@ def _time_variant(decoder: StaticDecoder, attention: str, span: int, steps: int,
             figures["tokens_per_s_at_step"] = rows / figures["captured_ms"] * 1e3
         if profile is not None:
             tables.append(_profiled(lambda: [decoder._step(span) for _ in range(3)], device,
-                                    f"{attention}: 3 uncaptured decode steps, {rows} rows, "
+                                    f"{name}: 3 uncaptured decode steps, {rows} rows, "
                                     f"span {span}"))
             if device.type == "cuda":
                 tables.append(_profiled(lambda: [graph.replay() for _ in range(3)], device,
-                                        f"{attention}: 3 captured replays"))
+                                        f"{name}: 3 captured replays"))
             profile.parent.mkdir(parents=True, exist_ok=True)
             profile.write_text("".join(tables))
 

@@ -52,7 +52,8 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
                         device=device, dtype=dtype, max_new_tokens=cfg.max_new_tokens,
                         enable_thinking=cfg.enable_thinking, engine=cfg.engine,
                         cb_options=cfg.cb_options(), static_rows=cfg.static_rows,
-                        static_attention=cfg.static_attention)
+                        static_attention=cfg.static_attention,
+                        static_compile=cfg.static_compile)
             for rank in range(cfg.num_workers)]
 
 

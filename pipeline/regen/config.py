@@ -37,6 +37,9 @@ class RegenConfig:
     # matmul read every row's cache up to the furthest row; flex and varlen each row's own
     # prefix). auto: varlen where its kernel runs (CUDA, bf16/fp16), else sdpa.
     static_attention: str = "auto"
+    # static: the decode step through torch.compile (fused norms, RoPE and activations; the
+    # compile is paid once per worker and kept in the compile cache). varlen attention only.
+    static_compile: bool = False
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).
@@ -76,6 +79,11 @@ class RegenConfig:
         require_choice("--format", self.format, FORMATS)
         require_choice("--engine", self.engine, ENGINES)
         require_choice("--static-attention", self.static_attention, ATTENTIONS)
+        require(not self.static_compile or (self.engine == "static"
+                                             and self.static_attention == "varlen"),
+                "--static-compile", self.static_compile,
+                "only with --engine static and --static-attention varlen (one compiled shape "
+                "serves every span)")
         self.cb_options()  # its checks name the --cb-* flags
 
     @property

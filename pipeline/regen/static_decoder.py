@@ -42,6 +42,9 @@ from pipeline.regen.static_cache import RowCache, check_supported
 log = logging.getLogger(__name__)
 
 STOP_SLOTS = 8  # stop ids the step compares against (padded with -1); more rebuild the decoder
+# torch.compile's backend for compile_step; CPU tests trace with "aot_eager" (the same graph
+# capture and functionalisation of the cache writes, without inductor's minute of C++ builds).
+COMPILE_BACKEND = "inductor"
 
 
 def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -49,12 +52,14 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   max_length: int | None = None, cuda_graphs: bool = True,
                   sync_every: int = 8, prefill_tokens: int = 16384,
                   span_bucket: int = 128, refill_rows: int | None = None,
-                  attention: str = "sdpa", cache_gb: float | None = None) -> list[list[int]]:
+                  attention: str = "sdpa", cache_gb: float | None = None,
+                  compile_step: bool = False) -> list[list[int]]:
     """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order, on
     a decoder built for this call alone (see :class:`StaticEngine` for the knobs)."""
     engine = StaticEngine(model, batch_size, cuda_graphs=cuda_graphs, sync_every=sync_every,
                           prefill_tokens=prefill_tokens, span_bucket=span_bucket,
-                          refill_rows=refill_rows, attention=attention, cache_gb=cache_gb)
+                          refill_rows=refill_rows, attention=attention, cache_gb=cache_gb,
+                          compile_step=compile_step)
     return engine.decode(prompts, max_new_tokens, stops, max_length=max_length)
 
 
@@ -70,18 +75,20 @@ class StaticEngine:
     group's padded tokens; finished rows are refilled once ``refill_rows`` of them are free
     (default: 1/8 of the rows) or no more are waiting; attention spans are rounded up to
     ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
-    attention (``static_attention.ATTENTIONS``). ``timing``: wait for the device around
+    attention (``static_attention.ATTENTIONS``). ``compile_step``: the decode step's forward
+    through ``torch.compile`` (varlen attention only, see :func:`compiled_forward`). ``timing``: wait for the device around
     prefills and captures, so ``last_stats`` splits setup from decoding (benches).
     ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
     memory free at the first call; unbounded on CPU): its columns are what ``batch_size`` rows
     hold within it, and a call's prompts too long for them are decoded apart, after the rest,
-    on an uncaptured decoder of as many rows as fit (one log line).
+    on an uncaptured, uncompiled decoder of as many rows as fit (one log line).
     """
 
     def __init__(self, model, batch_size: int, *, cuda_graphs: bool = True, sync_every: int = 8,
                  prefill_tokens: int = 16384, span_bucket: int = 128,
                  refill_rows: int | None = None, attention: str = "sdpa",
-                 timing: bool = False, cache_gb: float | None = None) -> None:
+                 timing: bool = False, cache_gb: float | None = None,
+                 compile_step: bool = False) -> None:
         check_supported(model)
         for key, value in (("batch_size", batch_size), ("sync_every", sync_every),
                            ("prefill_tokens", prefill_tokens), ("span_bucket", span_bucket)):
@@ -89,6 +96,9 @@ class StaticEngine:
                 raise ValueError(f"{key} must be >= 1, got {value}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: allowed {', '.join(ATTENTIONS)}")
+        if compile_step and attention != "varlen":
+            raise ValueError(f"compile_step needs attention varlen (one compiled shape serves "
+                             f"every span), not {attention}")
         if cache_gb is not None and cache_gb <= 0:
             raise ValueError(f"cache_gb must be > 0, got {cache_gb}")
         self.model, self.batch_size = model, batch_size
@@ -99,6 +109,7 @@ class StaticEngine:
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
         self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
         self.refill_rows, self.attention, self.timing = refill_rows, attention, timing
+        self.compile_step = compile_step
         self.decoder: StaticDecoder | None = None
         self.builds = 0
         self.last_stats: dict = {}
@@ -208,7 +219,7 @@ class StaticEngine:
                                      cuda_graphs=self.cuda_graphs,
                                      prefill_tokens=self.prefill_tokens,
                                      span_bucket=self.span_bucket, timing=self.timing,
-                                     attention=self.attention)
+                                     attention=self.attention, compile_step=self.compile_step)
         self.builds += 1
         if self.builds > 1:
             log.info("static decoder: rebuilt for %d rows x %d columns, %d new tokens, %d stop "
@@ -217,13 +228,28 @@ class StaticEngine:
         return self.decoder
 
 
+def compiled_forward(body):
+    """``body``'s forward through ``torch.compile``, for the decode step only.
+
+    Uncompiled, a step at the 8B shape spends a quarter of its GPU time in some 20 small
+    kernels a layer (RMSNorm's power, mean, rsqrt and products, RoPE's halves, SiLU times up,
+    residual adds, casts; profile in docs/bench/h200_decode_2026-12-04d/); compiled, each run
+    of them is one fused kernel. ``dynamic=False``: the step has one shape per decoder, and with
+    varlen attention one for every span; ``fullgraph``: a graph break would leave the step in
+    pieces run eagerly between compiled ones, which must not pass unnoticed. The compiled code
+    is then captured in the decoder's own CUDA graph like the uncompiled step."""
+    return torch.compile(body, backend=COMPILE_BACKEND, dynamic=False, fullgraph=True)
+
+
 class StaticDecoder:
     """The cache, the per-row state on device, and the decode step (captured or not)."""
 
     def __init__(self, model, rows: int, max_length: int, max_new_tokens: int, stops,
                  *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int,
-                 timing: bool = False, attention: str = "sdpa"):
+                 timing: bool = False, attention: str = "sdpa", compile_step: bool = False):
         self.model, self.body, self.head = model, model.base_model, model.get_output_embeddings()
+        # Prefills run the body as it is (their shapes change with every group).
+        self.step_forward = compiled_forward(self.body) if compile_step else self.body
         self.cache_kw = cache_keyword(self.body)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -399,9 +425,9 @@ class StaticDecoder:
             mask = (self.pos + 1).to(torch.int32).view(-1, 1, 1, 1)
         else:
             mask = self._additive((self.columns[None, :span] <= self.pos[:, None])[:, None, None])
-        hidden = self.body(input_ids=self.ids[:, None], position_ids=self.pos[:, None],
-                           attention_mask=mask,
-                           use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
+        hidden = self.step_forward(input_ids=self.ids[:, None], position_ids=self.pos[:, None],
+                                   attention_mask=mask, use_cache=True,
+                                   **{self.cache_kw: self.cache}).last_hidden_state
         token = self.head(hidden[:, -1]).argmax(-1)
         live = ~self.done
         token = torch.where(live, token, self.ids)

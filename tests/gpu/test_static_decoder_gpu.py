@@ -151,3 +151,28 @@ def test_varlen_engine_captures_one_graph_and_answers_as_sdpa(tmp_path, device, 
     assert same >= (0.6 if on_cuda else 1.0), same
     if on_cuda:
         assert engine.last_stats["graphs"] == 1
+
+
+def test_compiled_varlen_step_is_captured_and_answers_as_uncompiled(tmp_path, device, on_cuda):
+    """``compile_step`` with inductor (the production backend): the compiled step is captured
+    in the decoder's one CUDA graph, and (bf16 on CUDA, where fused kernels round otherwise)
+    most answers equal the uncompiled varlen step's; a lost cache write or a position baked in
+    at trace time would change nearly every answer."""
+    from pipeline.regen.static_decoder import StaticEngine
+
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=dtype)
+    model = model.to(device).eval()
+    model.generation_config.eos_token_id = None
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist()
+               for n in torch.randint(1, 60, (21,), generator=g).tolist()]
+    answers = {}
+    for compiled in (False, True):
+        engine = StaticEngine(model, 6, sync_every=4, span_bucket=16, attention="varlen",
+                              compile_step=compiled)
+        answers[compiled] = engine.decode(prompts, MAX_NEW, set())
+    same = sum(a == b for a, b in zip(answers[False], answers[True])) / len(prompts)
+    assert same >= (0.6 if on_cuda else 1.0), same
+    if on_cuda:
+        assert engine.last_stats["graphs"] == 1

@@ -173,3 +173,12 @@ def test_engine_that_cannot_start_falls_back_with_one_log_line(caplog):
         assert result.messages[-1]["role"] == "assistant" and len(result.turns) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_static_compile_reaches_the_worker_engine(target):
+    """``--static-compile`` is the worker's engine's ``compile_step`` (its answers under
+    compile: tests/regen/test_static_decoder.py)."""
+    worker = GeneratorWorker(rank=0, target_path=target, device="cpu", dtype=torch.float32,
+                             max_new_tokens=MAX_NEW, engine="static", static_rows=2,
+                             static_attention="varlen", static_compile=True)
+    assert worker.static.compile_step and worker.static.attention == "varlen"

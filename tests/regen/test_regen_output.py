@@ -59,7 +59,8 @@ def test_record_is_openai_messages_plus_source_line():
     ({"device": "tpu"}, "--device='tpu'"), ({"on_bad_line": "warn"}, "--on-bad-line='warn'"),
     ({"format": "csv"}, "--format='csv'"), ({"dtype": "int8"}, "--dtype='int8'"),
     ({"static_attention": "flash"}, "--static-attention='flash'"),
-    ({"static_rows": 0}, "--static-rows=0")])
+    ({"static_rows": 0}, "--static-rows=0"),
+    ({"static_compile": True}, "--static-compile=True")])
 def test_bad_option_names_the_flag(tmp_path, override, flag):
     src = tmp_path / "in.jsonl"
     src.write_text("")

@@ -192,3 +192,26 @@ def test_prompts_too_long_for_the_cache_budget_are_decoded_apart(model_dirs, cap
     assert sum("decoded apart" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(ValueError, match="cache_gb must be > 0"):
         StaticEngine(model, batch_size=3, cache_gb=0)
+
+
+def test_compiled_step_equals_generate(model_dirs, monkeypatch):
+    """``compile_step``: the decode step traced whole by dynamo (fullgraph: no break) and run
+    compiled, refills and stops included, gives generate's answers; the cache writes inside
+    the traced step must land, or every later token would change. Traced with aot_eager here
+    (inductor's CPU build takes a minute); the GPU tier runs inductor."""
+    from torch._dynamo.utils import counters
+
+    from pipeline.regen import static_decoder
+
+    monkeypatch.setattr(static_decoder, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counters.clear()
+    model = _load(model_dirs["qwen3"])
+    prompts = _prompts(7, seed=11)
+    stops = _stops_for(model, prompts)
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, cuda_graphs=False,
+                               attention="varlen", compile_step=True),
+                 _reference(model, prompts, stops))
+    assert counters["stats"]["unique_graphs"] == 1  # one graph for every step and span
+    with pytest.raises(ValueError, match="compile_step needs attention varlen .* not sdpa"):
+        greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, compile_step=True)
