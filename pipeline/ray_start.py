@@ -11,6 +11,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -170,7 +171,44 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     if placement.group is not None:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=placement.group, placement_group_bundle_index=placement.bundle)
-    return ray.remote(cls).options(**options).remote(**kwargs)
+    return ray.remote(_actor_class(cls)).options(**options).remote(**kwargs)
+
+
+@functools.cache
+def _actor_class(cls: type) -> type:
+    """``cls`` with one thing done first in the actor's process: :func:`exit_on_swallowed_sigterm`
+    as its ``sys.unraisablehook``. The subclass keeps ``cls``'s name (Ray's ``ray::<name>``
+    process title) and pickles by value, so workers need nothing new to import it."""
+
+    def __init__(self: Any, **kwargs: Any) -> None:
+        sys.unraisablehook = exit_on_swallowed_sigterm
+        cls.__init__(self, **kwargs)
+
+    actor = type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__,
+                                        "__module__": cls.__module__})
+    actor.__qualname__ = cls.__qualname__
+    return actor
+
+
+def exit_on_swallowed_sigterm(unraisable: Any) -> None:
+    """An actor's ``sys.unraisablehook``. Ray's SIGTERM handler in a worker raises SystemExit
+    (a stopped job's ``ray.shutdown`` sends it to actors still closing). When the signal lands
+    while a weakref callback or finalizer runs, Python cannot raise there: it prints "Exception
+    ignored ... Traceback" into the job's output and the actor lives on until Ray's SIGKILL.
+    Here the actor exits as the handler meant, without the traceback; anything else goes to
+    the hook that was there before."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        code = unraisable.exc_value.code
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # the signal may have come inside a write to it
+                pass
+        os._exit(code if isinstance(code, int) else 1)
+    _unraisablehook_before(unraisable)
+
+
+_unraisablehook_before = sys.unraisablehook
 
 
 def run_task(fn: Callable[..., Any], *args: Any) -> Any:

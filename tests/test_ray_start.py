@@ -20,6 +20,10 @@ class _Env:
         import os
         return {k: os.environ.get(k) for k in keys}
 
+    def unraisablehook(self):
+        import sys
+        return sys.unraisablehook.__qualname__, type(self).__name__
+
 
 def test_actors_see_actor_env_with_or_without_a_runtime_env(ray_session, monkeypatch):
     """On the suite's cluster (started by init_local, as the driver starts its own) an actor
@@ -38,6 +42,7 @@ def test_actors_see_actor_env_with_or_without_a_runtime_env(ray_session, monkeyp
         assert ray.get(first.get.remote(keys)) == {k: actor_env()[k] for k in keys}
         assert ray.get(second.get.remote(["WANDB_MODE"])) == {"WANDB_MODE":
                                                               "offline-from-the-test"}
+        assert ray.get(first.unraisablehook.remote()) == ("exit_on_swallowed_sigterm", "_Env")
     finally:
         ray_start.kill_actors([first, second])
 
@@ -64,3 +69,32 @@ def test_ray_address_local_starts_the_private_cluster_through_init_local(monkeyp
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     ray_start.init_ray(None, 3)
     assert calls == [("ray.init", {"address": "10.0.0.1:6379"})]
+
+
+def test_a_sigterm_swallowed_in_a_finalizer_exits_the_actor_without_a_traceback(monkeypatch):
+    """Ray's SIGTERM handler raises SystemExit; raised inside a weakref callback it would be
+    printed as "Exception ignored ... Traceback" and the actor would live on. The actors'
+    hook exits with the handler's code instead; any other unraisable exception is reported
+    as before."""
+    from types import SimpleNamespace
+
+    from pipeline import ray_start
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    reported = []
+    monkeypatch.setattr(ray_start.os, "_exit", fake_exit)
+    monkeypatch.setattr(ray_start, "_unraisablehook_before", reported.append)
+    try:
+        ray_start.exit_on_swallowed_sigterm(SimpleNamespace(exc_value=SystemExit(1)))
+    except Exited as e:
+        assert e.args == (1,)
+    else:
+        raise AssertionError("a swallowed SystemExit did not exit")
+    other = SimpleNamespace(exc_value=ValueError("in a __del__"))
+    ray_start.exit_on_swallowed_sigterm(other)
+    assert reported == [other]
