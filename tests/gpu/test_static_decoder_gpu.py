@@ -130,24 +130,31 @@ def test_varlen_step_reads_each_row_to_its_own_length(device, on_cuda):
     assert torch.equal(attend(noisy), got)
 
 
-def test_varlen_engine_captures_one_graph_and_answers_as_sdpa(tmp_path, device, on_cuda):
-    """A whole decode on the ``varlen`` step: one captured graph for every span, and (bf16 on
-    CUDA, where the kernels differ) most answers equal to the sdpa step's; in fp32 elsewhere,
-    all of them. A wrong position or length would change nearly every answer."""
+def _two_engines(tmp_path, device, on_cuda, seed, first: dict, second: dict):
+    """The share of 21 random prompts whose answers two engines (their StaticEngine keywords)
+    give alike, bf16 on CUDA and fp32 elsewhere, and the second engine."""
     from pipeline.regen.static_decoder import StaticEngine
 
     dtype = torch.bfloat16 if on_cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=dtype)
     model = model.to(device).eval()
     model.generation_config.eos_token_id = None
-    g = torch.Generator().manual_seed(6)
+    g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 96, (n,), generator=g).tolist()
                for n in torch.randint(1, 60, (21,), generator=g).tolist()]
-    answers = {}
-    for attention in ("sdpa", "varlen"):
-        engine = StaticEngine(model, 6, sync_every=4, span_bucket=16, attention=attention)
-        answers[attention] = engine.decode(prompts, MAX_NEW, set())
-    same = sum(a == b for a, b in zip(answers["sdpa"], answers["varlen"])) / len(prompts)
+    answers = []
+    for keywords in (first, second):
+        engine = StaticEngine(model, 6, sync_every=4, span_bucket=16, **keywords)
+        answers.append(engine.decode(prompts, MAX_NEW, set()))
+    return sum(a == b for a, b in zip(*answers)) / len(prompts), engine
+
+
+def test_varlen_engine_captures_one_graph_and_answers_as_sdpa(tmp_path, device, on_cuda):
+    """A whole decode on the ``varlen`` step: one captured graph for every span, and (bf16 on
+    CUDA, where the kernels differ) most answers equal to the sdpa step's; in fp32 elsewhere,
+    all of them. A wrong position or length would change nearly every answer."""
+    same, engine = _two_engines(tmp_path, device, on_cuda, 6, {"attention": "sdpa"},
+                                {"attention": "varlen"})
     assert same >= (0.6 if on_cuda else 1.0), same
     if on_cuda:
         assert engine.last_stats["graphs"] == 1
@@ -158,21 +165,8 @@ def test_compiled_varlen_step_is_captured_and_answers_as_uncompiled(tmp_path, de
     in the decoder's one CUDA graph, and (bf16 on CUDA, where fused kernels round otherwise)
     most answers equal the uncompiled varlen step's; a lost cache write or a position baked in
     at trace time would change nearly every answer."""
-    from pipeline.regen.static_decoder import StaticEngine
-
-    dtype = torch.bfloat16 if on_cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=dtype)
-    model = model.to(device).eval()
-    model.generation_config.eos_token_id = None
-    g = torch.Generator().manual_seed(8)
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist()
-               for n in torch.randint(1, 60, (21,), generator=g).tolist()]
-    answers = {}
-    for compiled in (False, True):
-        engine = StaticEngine(model, 6, sync_every=4, span_bucket=16, attention="varlen",
-                              compile_step=compiled)
-        answers[compiled] = engine.decode(prompts, MAX_NEW, set())
-    same = sum(a == b for a, b in zip(answers[False], answers[True])) / len(prompts)
+    same, engine = _two_engines(tmp_path, device, on_cuda, 8, {"attention": "varlen"},
+                                {"attention": "varlen", "compile_step": True})
     assert same >= (0.6 if on_cuda else 1.0), same
     if on_cuda:
         assert engine.last_stats["graphs"] == 1
