@@ -76,8 +76,9 @@ class StaticEngine:
     (default: 1/8 of the rows) or no more are waiting; attention spans are rounded up to
     ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
     attention (``static_attention.ATTENTIONS``). ``compile_step``: the decode step's forward
-    through ``torch.compile`` (varlen attention only, see :func:`compiled_forward`). ``timing``: wait for the device around
-    prefills and captures, so ``last_stats`` splits setup from decoding (benches).
+    through ``torch.compile`` (varlen attention only, see :func:`compiled_forward`).
+    ``timing``: wait for the device around prefills and captures, so ``last_stats`` splits
+    setup from decoding (benches).
     ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
     memory free at the first call; unbounded on CPU): its columns are what ``batch_size`` rows
     hold within it, and a call's prompts too long for them are decoded apart, after the rest,
