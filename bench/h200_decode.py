@@ -13,7 +13,8 @@ the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau 
 64 prompts x 256 new tokens by the batched evaluator and by the per-prompt one on 2 prompts
 (``bench.decode_eval``); the 8B training step alone and beside a running evaluation
 (``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
-same tau and outputs. transformers' continuous batching (``bench.decode_regen``) runs only
+same tau and outputs. transformers' continuous batching (``bench.decode_regen``) and the
+sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``) run only
 when named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
 own cap), and one that would start with too little is skipped and said so. The result file,
 written after every run, gathers the figures under the keys of issue 32 and keeps every
@@ -61,6 +62,14 @@ H200 = {
                  "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 180),
     "q8b_varlen": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
                    "--sustained-prompts 1024 --sustained-batch 512 --attention varlen", 150),
+    # The same sustained runs with the decode step compiled (--static-compile; the compile is
+    # in the setup): on request until they choose the option's default.
+    "smol_compile": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
+                     "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
+                     "--attention varlen --compile-step", 150),
+    "q8b_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
+                    "--sustained-prompts 1024 --sustained-batch 512 --attention varlen "
+                    "--compile-step", 220),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
@@ -94,8 +103,9 @@ TINY = {
 }
 BACKGROUND = ("cpu_eval_equal",)
 MIN_START_S = 20  # a run is not started with less of the budget left than this
-# Measured on 2026-12-03 (docs/BENCHMARKS.md) and slow (90 s): run only when named in --only.
-ON_REQUEST = ("smol_cb",)
+# Run only when named in --only: continuous batching (measured on 2026-12-03, docs/BENCHMARKS.md,
+# and slow: 90 s), and the compiled steps (a compile of up to a minute each).
+ON_REQUEST = ("smol_cb", "smol_compile", "q8b_compile")
 
 
 class Run:
@@ -139,7 +149,7 @@ def gather(runs: dict) -> dict:
             node = node[key]
         return node
 
-    def model(static, cb, evaluation, varlen):
+    def model(static, cb, evaluation, varlen, compiled):
         step = pick(static, "step") or {}
         return {
             "regen_tokens_per_s": pick(static, "runs", "static", "tokens_per_s"),
@@ -153,6 +163,10 @@ def gather(runs: dict) -> dict:
             "regen_sustained_varlen_tokens_per_s": pick(varlen, "sustained", "tokens_per_s"),
             "regen_sustained_varlen_decode_tokens_per_s": pick(varlen, "sustained", "timed",
                                                                "decode_tokens_per_s"),
+            "regen_sustained_compiled_tokens_per_s": pick(compiled, "sustained", "tokens_per_s"),
+            "regen_sustained_compiled_decode_tokens_per_s": pick(compiled, "sustained", "timed",
+                                                                 "decode_tokens_per_s"),
+            "regen_sustained_compiled_setup_s": pick(compiled, "sustained", "setup", "wall_s"),
             "decode_step_ms": {f"{rows} rows, {name}": {
                 k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
                                       "ceiling_share", "error") if k != "error" or k in v}
@@ -172,8 +186,9 @@ def gather(runs: dict) -> dict:
 
     equal = runs.get("cpu_eval_equal", {})
     return {
-        "smollm2_135m": model("smol_static", "smol_cb", "smol_eval", "smol_varlen"),
-        "qwen3_8b_random": model("q8b_static", None, "q8b_eval", "q8b_varlen"),
+        "smollm2_135m": model("smol_static", "smol_cb", "smol_eval", "smol_varlen",
+                              "smol_compile"),
+        "qwen3_8b_random": model("q8b_static", None, "q8b_eval", "q8b_varlen", "q8b_compile"),
         "training_step_ms_8b": {name: pick("q8b_beside", "phases", name, "median_ms")
                                 for name in (runs.get("q8b_beside", {}).get("phases") or {})},
         "training_slowdown_beside_eval_8b": pick("q8b_beside", "slowdown_vs_alone"),

@@ -81,3 +81,18 @@ def test_unknown_run_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--only nope: allowed q8b_static, q8b_beside, smol_static"):
         h200_decode.main(["--scale", "tiny", "--only", "nope", "--out", str(tmp_path / "o.json"),
                           "--logs", str(tmp_path / "logs")])
+
+
+def test_compiled_sustained_runs_are_gathered_apart():
+    """The on-request compiled runs land under their own keys, the compile in their setup;
+    without them the keys are None, not a figure made up."""
+    sustained = {"tokens_per_s": 10.0, "timed": {"decode_tokens_per_s": 20.0},
+                 "setup": {"wall_s": 60.0}}
+    result = h200_decode.gather({"q8b_compile": {"sustained": sustained}})
+    q8b = result["qwen3_8b_random"]
+    assert (q8b["regen_sustained_compiled_tokens_per_s"],
+            q8b["regen_sustained_compiled_decode_tokens_per_s"],
+            q8b["regen_sustained_compiled_setup_s"]) == (10.0, 20.0, 60.0)
+    assert q8b["regen_sustained_varlen_tokens_per_s"] is None
+    assert result["smollm2_135m"]["regen_sustained_compiled_tokens_per_s"] is None
+    assert set(h200_decode.ON_REQUEST) >= {"smol_compile", "q8b_compile"}
