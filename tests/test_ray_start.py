@@ -1,6 +1,8 @@
 """Every actor gets persistent compile caches, and the user's own cache settings win; an
 actor sees actor_env() whether its worker inherited it or got it as a runtime_env."""
 
+import pytest
+
 from pipeline.ray_start import actor_env
 
 
@@ -89,12 +91,9 @@ def test_a_sigterm_swallowed_in_a_finalizer_exits_the_actor_without_a_traceback(
     reported = []
     monkeypatch.setattr(ray_start.os, "_exit", fake_exit)
     monkeypatch.setattr(ray_start, "_unraisablehook_before", reported.append)
-    try:
+    with pytest.raises(Exited) as exited:
         ray_start.exit_on_swallowed_sigterm(SimpleNamespace(exc_value=SystemExit(1)))
-    except Exited as e:
-        assert e.args == (1,)
-    else:
-        raise AssertionError("a swallowed SystemExit did not exit")
+    assert exited.value.args == (1,)
     other = SimpleNamespace(exc_value=ValueError("in a __del__"))
     ray_start.exit_on_swallowed_sigterm(other)
     assert reported == [other]
