@@ -91,7 +91,8 @@ class ActorGroup:
         """Form the drafters' process group and open every ring in the drafters of its node."""
         group = self.drafter_group
         master = group.master_address()
-        group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s)
+        group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s,
+                         self.job.train.checkpoint.write_threads)
         connect_stages(self.chains)
         handles = ray.get([t.ring_handle.remote() for t in self.targets])
         ray.get([d.attach.remote([h for h, n in zip(handles, self.target_node)

@@ -66,8 +66,11 @@ class DrafterWorker:
     def master_address(self) -> MasterAddress:
         return pick_master()
 
-    def init_group(self, addr: str, port: int, timeout_s: float = 600.0) -> None:
-        """``timeout_s`` bounds every collective (cluster.collective_timeout_s)."""
+    def init_group(self, addr: str, port: int, timeout_s: float = 600.0,
+                   write_threads: int = 1) -> None:
+        """``timeout_s`` bounds every collective (cluster.collective_timeout_s);
+        ``write_threads``: the checkpoint files this rank writes at once
+        (train.checkpoint.write_threads)."""
         init_group(self.rank, self.world_size, addr, port, backend_for(self.device),
                    timeout_s=timeout_s)
         if self.trainer.options.parallel == "fsdp":
@@ -75,16 +78,16 @@ class DrafterWorker:
         else:
             numel = sum(p.numel() for p in self.trainer.model.parameters())
             self.reducer = FlatReducer(numel, self.device)
-        self.saver = self._saver(checkpoint_group(timeout_s))
+        self.saver = self._saver(checkpoint_group(timeout_s), write_threads)
 
-    def _saver(self, group) -> AsyncSaver:
+    def _saver(self, group, write_threads: int) -> AsyncSaver:
         """Each fsdp rank writes its shards; of replicas, rank 0 writes (the others only plan).
         The writing ranks' host buffers are pinned in the background now, so the first save
         does not pay for them inside the step loop."""
         pool = None
         if self.trainer.sharded is not None or self.rank == 0:
             pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda")
-        return AsyncSaver(pool, group, owner=self.rank == 0)
+        return AsyncSaver(pool, group, owner=self.rank == 0, threads=write_threads)
 
     def attach(self, handles: Sequence[RingHandle]) -> None:
         for handle in handles:
