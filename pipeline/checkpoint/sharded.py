@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import pathlib
 import pickle
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -39,6 +41,9 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
 from pipeline.dist import fsdp
 
 DRAFTER_DIR = "drafter"
+# Files of a checkpoint a load reads at once (a save writes train.checkpoint.write_threads
+# files per rank; any number loads).
+READ_THREADS = 4
 # The one file of a checkpoint written before DCP: the whole trainer state (torch.save).
 LEGACY_FILE = "drafter.pt"
 
@@ -244,7 +249,29 @@ class _IndexUnpickler(pickle.Unpickler):
 
 class SafeReader(FileSystemReader):
     """DCP's file reader with the index read by :class:`_IndexUnpickler`; tensors it already
-    reads with torch's weights-only loader. A refused or unreadable index is a ValueError."""
+    reads with torch's weights-only loader. A refused or unreadable index is a ValueError.
+    The files it reads are read :data:`READ_THREADS` at once (DCP reads them one after the
+    other: at 8B a restart waited about 17 s for 12.6 GB)."""
+
+    def read_data(self, plan: Any, planner: Any) -> torch.futures.Future:
+        per_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path,
+                                []).append(item)
+        if len(per_file) <= 1 or READ_THREADS <= 1:
+            return super().read_data(plan, planner)
+
+        def read(items: list[Any]) -> None:
+            # One file's items; the planner places each into its own tensor (distinct keys).
+            FileSystemReader.read_data(self, dataclasses.replace(plan, items=items),
+                                       planner).wait()
+
+        with ThreadPoolExecutor(min(READ_THREADS, len(per_file)),
+                                thread_name_prefix="checkpoint-read") as pool:
+            list(pool.map(read, per_file.values()))
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(None)
+        return done
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
         path = Path(self.path) / ".metadata"
