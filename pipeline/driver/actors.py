@@ -29,6 +29,7 @@ from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
+from pipeline.transport.shared import remove_dead_manager_folders
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker
@@ -131,6 +132,7 @@ class ActorGroup:
         kill_actors(self.handles())
         remove_groups(self.groups)
         self._clear()
+        remove_dead_manager_folders()  # of actors killed before their close, now or earlier
 
     def restart(self, resume: Optional[ResumePoint], after_failure: bool = False) -> PlanSummary:
         """The whole set again, planning from ``resume``; load its checkpoint after this."""

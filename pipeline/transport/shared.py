@@ -39,6 +39,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -49,6 +51,8 @@ from pipeline.transport.messages import DeviceKind
 
 _DEVICE_KINDS = ("cuda", "cpu")
 _MANAGER_PREFIX = "torch-shm-dir-"
+# How long a manager folder may be without its socket: the manager is starting.
+_STARTING_S = 60.0
 # This process's exported CPU buffers not yet closed, and its own manager's folder (with the
 # pid that found it: a forked child inherits this module's state, never the parent's manager).
 _open_exports = 0
@@ -194,6 +198,40 @@ def _remember_manager_folder(handle: bytes) -> None:
     folder = _own_manager_folder(handle.decode())
     if folder is not None:
         _own_manager = (os.getpid(), folder)
+
+def remove_dead_manager_folders(tmp: Optional[str] = None) -> list[str]:
+    """Remove this user's manager folders under ``tmp`` (the temp dir) whose manager is gone:
+    no socket bound at ``manager.sock`` (/proc/net/unix lists every bound one), so no process
+    can use the folder again. A killed actor leaves one behind (its manager is killed with it,
+    before its ``close``); the driver sweeps them when its actors start and close. A folder
+    without a socket yet is a manager starting, left alone for a minute. Linux only (/proc);
+    elsewhere nothing is removed. Returns the folders removed."""
+    root = tmp or tempfile.gettempdir()
+    try:
+        with open("/proc/net/unix") as f:
+            bound = {row[7] for row in (line.split() for line in f.readlines()[1:])
+                     if len(row) > 7}
+        names = [n for n in os.listdir(root) if n.startswith(_MANAGER_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        folder = os.path.join(root, name)
+        sock = os.path.join(folder, "manager.sock")
+        try:
+            st = os.lstat(folder)
+            has_sock = os.path.lexists(sock)
+            if st.st_uid != os.getuid() or sock in bound or \
+                    (not has_sock and time.time() - st.st_mtime < _STARTING_S):
+                continue
+            if has_sock:
+                os.unlink(sock)
+            os.rmdir(folder)  # anything else in it: not a manager's folder, left alone
+        except OSError:
+            continue
+        removed.append(folder)
+    return removed
+
 
 def _own_manager_folder(socket_path: str) -> Optional[str]:
     """The folder of ``socket_path`` when a torch_shm_manager child of this process listens
