@@ -166,7 +166,7 @@ class ActorGroup:
         self.resume = resume
         try:
             self.plan = plan = ray.get(self.prefetcher.replan.remote(resume))
-            self.phases["drafters killed, data re-planned"] = time.perf_counter() - t0
+            self.phases["drafters killed and data re-planned"] = time.perf_counter() - t0
             for n, group in enumerate(self.groups):
                 self._start_drafters(n, group, plan)
             self.rendezvous()

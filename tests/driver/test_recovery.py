@@ -104,7 +104,7 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
         assert killed_at <= rec.detected_at <= rec.restarted_at <= rec.training_at
         # Where the restart went, part by part, within the time it took; a lost drafter
         # restarts the drafters only, anything else the whole set.
-        first = ("drafters killed, data re-planned" if kind == "drafter"
+        first = ("drafters killed and data re-planned" if kind == "drafter"
                  else "actor set closed and started")
         assert list(rec.phases) == [first, "drafters built", "process group and rings",
                                     "checkpoint loaded"]
