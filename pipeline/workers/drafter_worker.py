@@ -24,12 +24,13 @@ from pipeline.checkpoint.host_copy import HostPool
 from pipeline.checkpoint.writer import (TRAINER_FILE, AsyncSaver, SaveDone,
                                         checkpoint_group)
 from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target_head
 from pipeline.model.target_init import target_init_of
 from pipeline.objective.packing import Packing
 from pipeline.training.config import OptimConfig
-from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
+from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
@@ -195,8 +196,7 @@ class DrafterWorker:
         weights = full_weights(self.trainer.model)
         if self.rank != 0:
             return ""  # the owner's folder is the group's answer
-        with torch.random.fork_rng(devices=[]):  # build_drafter seeds: keep training's RNG
-            model = build_drafter(self.trainer.spec, self.trainer.seed, "cpu")
+        model = DFlashDrafter.for_loading(self.trainer.spec, "cpu")
         model.load_state_dict(weights)
         return str(save_drafter(model, Path(out_dir), dtype))
 
