@@ -53,6 +53,11 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
+# Files of a checkpoint read at once, by a check (a resume, an export) and by a load: a save
+# writes train.checkpoint.write_threads files per rank, and any number loads.
+READ_THREADS = 4
+
+
 def sha256_files(paths: Sequence[Path], threads: int) -> list[str]:
     """:func:`sha256_file` of each path, up to ``threads`` files at once: file reads and
     hashlib release the GIL, so a checkpoint of several files reads back at several times one

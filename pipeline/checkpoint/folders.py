@@ -38,7 +38,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.checkpoint.files import FileRecord, fsync_dir, fsync_file, sha256_files
+from pipeline.checkpoint.files import (READ_THREADS, FileRecord, fsync_dir, fsync_file,
+                                       sha256_files)
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.diskfull import writing
 from pipeline.preflight import PreflightError
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 
 _PREFIX = "step_"
 _STATE_KEYS = ("step", "epoch", "samples_done", "files")
-# Files a check reads back at once (a resume, an export; each drafter rank writes several).
-VERIFY_THREADS = 4
 
 
 def checkpoint_root(out_dir: str | Path) -> Path:
@@ -167,7 +166,7 @@ def problem(path: Path) -> Optional[str]:
             return f"{f['name']} is missing"
         if file.stat().st_size != f["size"]:
             return f"{f['name']} has {file.stat().st_size} bytes, {f['size']} were written"
-    digests = sha256_files([path / f["name"] for f in state["files"]], VERIFY_THREADS)
+    digests = sha256_files([path / f["name"] for f in state["files"]], READ_THREADS)
     for f, digest in zip(state["files"], digests):
         if digest != f["sha256"]:
             return f"{f['name']} does not match its recorded sha256"

@@ -38,12 +38,10 @@ from torch.distributed.checkpoint.filesystem import (FileSystem, FileSystemReade
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
+from pipeline.checkpoint.files import READ_THREADS
 from pipeline.dist import fsdp
 
 DRAFTER_DIR = "drafter"
-# Files of a checkpoint a load reads at once (a save writes train.checkpoint.write_threads
-# files per rank; any number loads).
-READ_THREADS = 4
 # The one file of a checkpoint written before DCP: the whole trainer state (torch.save).
 LEGACY_FILE = "drafter.pt"
 
@@ -258,7 +256,7 @@ class SafeReader(FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path,
                                 []).append(item)
-        if len(per_file) <= 1 or READ_THREADS <= 1:
+        if len(per_file) <= 1:
             return super().read_data(plan, planner)
 
         def read(items: list[Any]) -> None:

@@ -204,13 +204,11 @@ class Driver:
         summary.restarts.append(recovery)
         log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
                   self.job.train.recovery.max_restarts)
+        actors.restart_after_loss(recovery.actor, point)  # fills actors.phases
         t0 = time.time()
-        actors.restart_after_loss(recovery.actor, point)
-        t1 = time.time()
         self._load_checkpoint(actors, path, point)
         recovery.restarted_at = time.time()
-        recovery.phases = {**(actors.phases or {"actors restarted": t1 - t0}),
-                           "checkpoint loaded": recovery.restarted_at - t1}
+        recovery.phases = {**actors.phases, "checkpoint loaded": recovery.restarted_at - t0}
         log.info("actor set restarted %.1fs after the loss (%s)",
                  recovery.restarted_at - recovery.detected_at,
                  ", ".join(f"{k} {v:.1f}s" for k, v in recovery.phases.items()))

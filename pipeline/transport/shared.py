@@ -199,18 +199,17 @@ def _remember_manager_folder(handle: bytes) -> None:
     if folder is not None:
         _own_manager = (os.getpid(), folder)
 
+
 def remove_dead_manager_folders(tmp: Optional[str] = None) -> list[str]:
     """Remove this user's manager folders under ``tmp`` (the temp dir) whose manager is gone:
     no socket bound at ``manager.sock`` (/proc/net/unix lists every bound one), so no process
     can use the folder again. A killed actor leaves one behind (its manager is killed with it,
-    before its ``close``); the driver sweeps them when its actors start and close. A folder
+    before its ``close``); the driver sweeps them when it closes its actors. A folder
     without a socket yet is a manager starting, left alone for a minute. Linux only (/proc);
     elsewhere nothing is removed. Returns the folders removed."""
     root = tmp or tempfile.gettempdir()
     try:
-        with open("/proc/net/unix") as f:
-            bound = {row[7] for row in (line.split() for line in f.readlines()[1:])
-                     if len(row) > 7}
+        bound = {path for _, path in _unix_sockets()}
         names = [n for n in os.listdir(root) if n.startswith(_MANAGER_PREFIX)]
     except OSError:
         return []
@@ -251,9 +250,14 @@ def _own_manager_folder(socket_path: str) -> Optional[str]:
 
 
 def _socket_inodes(socket_path: str) -> set[str]:
+    return {inode for inode, path in _unix_sockets() if path == socket_path}
+
+
+def _unix_sockets() -> list[tuple[str, str]]:
+    """(inode, path) of every bound Unix socket of this network namespace (/proc/net/unix)."""
     with open("/proc/net/unix") as f:
         rows = [line.split() for line in f.readlines()[1:]]
-    return {row[6] for row in rows if len(row) > 7 and row[7] == socket_path}
+    return [(row[6], row[7]) for row in rows if len(row) > 7]
 
 
 def _child_managers() -> list[int]:
