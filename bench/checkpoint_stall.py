@@ -1,14 +1,17 @@
 """How long a checkpoint save holds the step loop, at the Qwen3-8B drafter's shape, without Ray.
 
-    python -m bench.checkpoint_stall --out /tmp/stall [--layers 5] [--saves 3]   # one GPU
+    python -m bench.checkpoint_stall --out /tmp/stall [--layers 5] [--saves 3] [--threads 1,4]
+    python -m bench.checkpoint_stall --out /tmp/stall --device cpu --layers 1 --saves 2
 
 Builds the 8B recipe's drafter (5 layers at Qwen3-8B's width: 12.6 GB of fp32 weights and
 AdamW moments) on the GPU, takes one AdamW step so the moments exist, and saves it through
 the checkpoint writer the drafter workers use (pipeline/checkpoint/writer.py: a copy into
 pinned host buffers allocated beforehand, then torch.distributed.checkpoint and the owner's
 ``trainer.pt`` written and hashed in a background thread), ``--saves`` times into
-``--out``. Prints one JSON line: ``stall_s`` per save (what the step loop waits for: the
-driver logs it as "held training"), ``write_s`` per save (beside training), the bytes
+``--out`` for each of ``--threads`` (train.checkpoint.write_threads: DCP files written at
+once), then loads the last one back (``load_s``: what a resume or a restart waits for). Prints
+one JSON line: ``stall_s`` per save (what the step loop waits for: the driver logs it as "held
+training"), ``write_s`` per save (beside training), keyed by the thread count, and the bytes
 written. ``--small`` runs a narrow drafter on the CPU (a check of the script itself).
 """
 
@@ -30,7 +33,7 @@ from pipeline.model.drafter import DFlashDrafter
 
 
 def measure(out: Path, layers: int = 5, saves: int = 3, device: str = "cuda",
-            small: bool = False) -> dict:
+            small: bool = False, threads: tuple[int, ...] = (1,)) -> dict:
     """Stall and background time of ``saves`` saves of an 8B-shaped drafter into ``out``."""
     target = qwen3_8b_config()
     if small:
@@ -46,24 +49,34 @@ def measure(out: Path, layers: int = 5, saves: int = 3, device: str = "cuda",
     pool = HostPool([(tuple(p.shape), p.dtype) for p in params for _ in range(3)],
                     pin=device == "cuda")
     pool._thread.join()  # a worker pins its buffers when its group forms, long before a save
-    saver = AsyncSaver(pool, group=None, owner=True)
-    rows = []
-    for i in range(saves):
-        folder = out / f"save_{i}"
-        shutil.rmtree(folder, ignore_errors=True)
-        t0 = time.perf_counter()
-        held = saver.start(lambda: sharded.drafter_state(model, optim),
-                           lambda: {"steps_done": i, "rng": {"cpu": torch.get_rng_state()}},
-                           folder, i)
-        (done,) = saver.wait()
-        assert done.error is None, done.error
-        rows.append({"stall_s": held, "write_s": done.write_s,
-                     "bytes": sum(r.size for r in done.records),
-                     "wall_s": time.perf_counter() - t0})
-        shutil.rmtree(folder)
+    rows, folder = [], None
+    for n in threads:
+        saver = AsyncSaver(pool, group=None, owner=True, threads=n)
+        for i in range(saves):
+            if folder is not None:
+                shutil.rmtree(folder)
+            folder = out / f"save_{n}_{i}"
+            shutil.rmtree(folder, ignore_errors=True)
+            t0 = time.perf_counter()
+            held = saver.start(lambda: sharded.drafter_state(model, optim),
+                               lambda: {"steps_done": i, "rng": {"cpu": torch.get_rng_state()}},
+                               folder, i)
+            (done,) = saver.wait()
+            assert done.error is None, done.error
+            rows.append({"threads": n, "stall_s": held, "write_s": done.write_s,
+                         "bytes": sum(r.size for r in done.records),
+                         "files": len(done.records), "wall_s": time.perf_counter() - t0})
+    t0 = time.perf_counter()
+    sharded.load(model, optim, folder, group=None)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    load_s = time.perf_counter() - t0
+    shutil.rmtree(folder)
     return {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "params": sum(p.numel() for p in params), "saves": rows,
-            "stall_s": [r["stall_s"] for r in rows], "write_s": [r["write_s"] for r in rows]}
+            "stall_s": [r["stall_s"] for r in rows],
+            "write_s": {n: [r["write_s"] for r in rows if r["threads"] == n] for n in threads},
+            "load_s": load_s}
 
 
 def main() -> None:
@@ -71,10 +84,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--saves", type=int, default=3)
-    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--threads", default="1,4",
+                        help="comma-separated train.checkpoint.write_threads values")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--small", action="store_true", help="a narrow drafter, on the CPU")
     args = parser.parse_args()
-    device = "cpu" if args.small else "cuda"
-    print(json.dumps(measure(args.out, args.layers, args.saves, device, args.small)))
+    device = "cpu" if args.small else args.device
+    threads = tuple(int(t) for t in args.threads.split(","))
+    print(json.dumps(measure(args.out, args.layers, args.saves, device, args.small, threads)))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
   ``checkpoint_step_excess_s``: how much longer the steps right after a save took than
   the median step;
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
+  ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
+  data re-planned, drafters built, process group and rings, checkpoint loaded);
 * ``checkpoint_write_s``: the longest a checkpoint took to be written and verified beside
   training (the driver's log);
 * ``start_to_first_step_warm_s``: the same launch again as a fresh job in a new run folder
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from bench.scale.synthetic import build_target, write_chats
 
@@ -134,6 +137,16 @@ def _due(metrics: Path, log_path: Path, kill_at: int, wait_checkpoint: bool) -> 
 _CHECKPOINT = re.compile(r"checkpoint \S*checkpoints/step_0*(\d+) \(held")
 _WRITTEN = re.compile(r"written and verified in ([0-9.]+)s")
 _RESUMED = re.compile(r"resuming from step (\d+)")
+_RESTART_PARTS = re.compile(r"actor set restarted [0-9.]+s after the loss \((.*)\)")
+
+
+def _restart_parts(log_text: str) -> Optional[dict[str, float]]:
+    """The first restart's parts from its log line: {"checkpoint loaded": 16.5, ...}."""
+    found = _RESTART_PARTS.search(log_text)
+    if found is None:
+        return None
+    return {name: float(value)
+            for name, value in re.findall(r"(.+?) ([0-9.]+)s(?:, |$)", found.group(1))}
 
 
 def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: int,
@@ -171,6 +184,7 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "checkpoint_write_s": max((float(x) for x in _WRITTEN.findall(log_text)), default=None),
         "checkpoint_step_excess_s": max(excess) if excess else None,
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
+        "restart_parts_s": _restart_parts(log_text),
         "steady_step_time_s": median_step,
         "steady_samples_per_s": samples_per_step / median_step,
         "e2e_efficiency": median_step * steps / wall,

@@ -175,9 +175,15 @@ class CheckpointConfig:
     # runs); the export, taken from the live drafter, still runs. At 8B the save writes
     # 12.6 GB and holds the end of the job ~40 s.
     final: bool = True
+    # Files each drafter rank writes at once (DCP's writer threads, one file each; a load
+    # reads any number): serialising is CPU-bound at about 0.4-0.9 GB/s a thread, and at 8B
+    # rank 0 writes 12.6 GB beside training. 1: one file per rank, written by one thread.
+    write_threads: int = 4
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "train.checkpoint.every", self.every, ">= 0 (0: at the end)")
+        require(1 <= self.write_threads <= 64, "train.checkpoint.write_threads",
+                self.write_threads, "1..64")
         require(self.keep_last >= 0, "train.checkpoint.keep_last", self.keep_last,
                 ">= 0 (0: keep all)")
 

@@ -88,7 +88,7 @@ def _export(checkpoint: Path, out: Path, dtype: str) -> Path:
     legacy = checkpoint / LEGACY_FILE
     weights = load_state(legacy)["model"] if legacy.is_file() else None
     state = json.loads((checkpoint / "state.json").read_text())
-    model = DFlashDrafter(DrafterSpec.from_hf_config(state["drafter_config"]))
+    model = DFlashDrafter.for_loading(DrafterSpec.from_hf_config(state["drafter_config"]), "cpu")
     if weights is not None:
         model.load_state_dict(weights)
     else:

@@ -65,6 +65,7 @@ def test_unknown_key_and_wrong_type_name_the_key(override, match):
     ("cluster.collective_timeout_s=0", r"cluster.collective_timeout_s=0.*> 0 seconds"),
     ("train.eval.gpus=1.5", r"train.eval.gpus=1.5.*in \(0, 1\]"),
     ("data.max_line_bytes=0", r"data.max_line_bytes=0.*an integer >= 2"),
+    ("train.checkpoint.write_threads=0", r"train.checkpoint.write_threads=0.*1..64"),
 ])
 def test_bad_values_name_the_key_and_allowed(override, match):
     with pytest.raises(ValueError, match=match):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -50,6 +51,22 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+# Files of a checkpoint read at once, by a check (a resume, an export) and by a load: a save
+# writes train.checkpoint.write_threads files per rank, and any number loads.
+READ_THREADS = 4
+
+
+def sha256_files(paths: Sequence[Path], threads: int) -> list[str]:
+    """:func:`sha256_file` of each path, up to ``threads`` files at once: file reads and
+    hashlib release the GIL, so a checkpoint of several files reads back at several times one
+    thread's rate (a 12.6 GB checkpoint at 8B takes seconds per thread)."""
+    threads = min(threads, len(paths))
+    if threads <= 1:
+        return [sha256_file(p) for p in paths]
+    with ThreadPoolExecutor(threads, thread_name_prefix="sha256") as pool:
+        return list(pool.map(sha256_file, paths))
 
 
 class _HashingFile:

@@ -38,7 +38,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.checkpoint.files import FileRecord, fsync_dir, fsync_file, sha256_file
+from pipeline.checkpoint.files import (READ_THREADS, FileRecord, fsync_dir, fsync_file,
+                                       sha256_files)
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.diskfull import writing
 from pipeline.preflight import PreflightError
@@ -165,7 +166,9 @@ def problem(path: Path) -> Optional[str]:
             return f"{f['name']} is missing"
         if file.stat().st_size != f["size"]:
             return f"{f['name']} has {file.stat().st_size} bytes, {f['size']} were written"
-        if sha256_file(file) != f["sha256"]:
+    digests = sha256_files([path / f["name"] for f in state["files"]], READ_THREADS)
+    for f, digest in zip(state["files"], digests):
+        if digest != f["sha256"]:
             return f"{f['name']} does not match its recorded sha256"
     return None
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
-from pipeline.checkpoint.files import FileRecord, save_state, sha256_file
+from pipeline.checkpoint.files import FileRecord, save_state, sha256_files
 from pipeline.checkpoint.host_copy import HostPool, map_tensors, snapshot
 from pipeline.diskfull import is_disk_full
 
@@ -68,14 +68,16 @@ class AsyncSaver:
 
     ``pool``: the host buffers snapshots copy into; None for a rank whose part is written by
     another (a replica other than rank 0): it plans with its live tensors, which it never
-    reads. ``group``: DCP's process group (None: a single process, no group).
+    reads. ``group``: DCP's process group (None: a single process, no group). ``threads``:
+    the files each rank writes at once (train.checkpoint.write_threads), and read back at once.
     """
 
     def __init__(self, pool: Optional[HostPool], group: Optional[dist.ProcessGroup],
-                 owner: bool) -> None:
+                 owner: bool, threads: int = 1) -> None:
         self.pool = pool
         self.group = group
         self.owner = owner
+        self.threads = threads
         self._thread: Optional[threading.Thread] = None
         self._finished: list[SaveDone] = []
         self._lock = threading.Lock()
@@ -110,9 +112,10 @@ class AsyncSaver:
         records: tuple[FileRecord, ...] = ()
         error, code, file = None, None, None
         try:
-            sharded.save(state, folder, self.group)
+            sharded.save(state, folder, self.group, self.threads)
             if rest is not None:
-                records = (save_state(rest, folder / TRAINER_FILE), *_records(folder))
+                records = (save_state(rest, folder / TRAINER_FILE),
+                           *_records(folder, self.threads))
         except Exception as exc:  # reported to the driver, which decides
             if not is_disk_full(exc):  # a full disk needs no traceback: the driver says it
                 log.exception("checkpoint write %s failed", folder, exc_info=exc)
@@ -144,10 +147,11 @@ class AsyncSaver:
         return self.done()
 
 
-def _records(folder: Path) -> list[FileRecord]:
-    """Size and sha256 of every file DCP wrote under ``folder`` (all ranks'), read back."""
+def _records(folder: Path, threads: int) -> list[FileRecord]:
+    """Size and sha256 of every file DCP wrote under ``folder`` (all ranks'), read back,
+    ``threads`` files at once."""
     from pipeline.checkpoint import sharded  # a drafter's import (see the top)
 
-    root = folder / sharded.DRAFTER_DIR
-    return [FileRecord(p.relative_to(folder).as_posix(), p.stat().st_size, sha256_file(p))
-            for p in sorted(root.rglob("*")) if p.is_file()]
+    files = [p for p in sorted((folder / sharded.DRAFTER_DIR).rglob("*")) if p.is_file()]
+    return [FileRecord(p.relative_to(folder).as_posix(), p.stat().st_size, digest)
+            for p, digest in zip(files, sha256_files(files, threads))]

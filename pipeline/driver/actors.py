@@ -29,6 +29,7 @@ from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
+from pipeline.transport.shared import remove_dead_manager_folders
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher
 from pipeline.workers.target_worker import TargetWorker
@@ -50,6 +51,8 @@ class ActorGroup:
         # handed to every prefetcher this group starts: none reads or encodes the file again.
         self._dataset = dataset
         self._dataset_ref: Any = None
+        # Seconds of the last start's or restart's parts, by name, for the restart's log line.
+        self.phases: dict[str, float] = {}
         self._clear()
 
     def _clear(self) -> None:
@@ -88,15 +91,21 @@ class ActorGroup:
         return plan
 
     def rendezvous(self) -> None:
-        """Form the drafters' process group and open every ring in the drafters of its node."""
+        """Form the drafters' process group and open every ring in the drafters of its node.
+        Its two parts' seconds go to :attr:`phases` (a restart's log line says them)."""
         group = self.drafter_group
-        master = group.master_address()
-        group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s)
+        t0 = time.perf_counter()
+        master = group.master_address()  # rank 0's first call: after its constructor
+        t1 = time.perf_counter()
+        group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s,
+                         self.job.train.checkpoint.write_threads)
         connect_stages(self.chains)
         handles = ray.get([t.ring_handle.remote() for t in self.targets])
         ray.get([d.attach.remote([h for h, n in zip(handles, self.target_node)
                                   if n == self.drafter_node[i]])
                  for i, d in enumerate(self.drafters)])
+        self.phases.update({"drafters built": t1 - t0,
+                            "process group and rings": time.perf_counter() - t1})
 
     def close(self, after_failure: bool = False, grace_s: Optional[float] = None) -> None:
         """Close rings (readers first), kill the actors, free the placement groups.
@@ -123,13 +132,16 @@ class ActorGroup:
         kill_actors(self.handles())
         remove_groups(self.groups)
         self._clear()
+        remove_dead_manager_folders()  # of actors killed before their close, now or earlier
 
     def restart(self, resume: Optional[ResumePoint], after_failure: bool = False) -> PlanSummary:
         """The whole set again, planning from ``resume``; load its checkpoint after this."""
+        t0 = time.perf_counter()
         self.close(after_failure)
         self.resume = resume
         try:
             plan = self.start()
+            self.phases = {"actor set closed and started": time.perf_counter() - t0}
             self.rendezvous()
         except BaseException as exc:
             self.close(grace_s=stop_signals.grace_for(type(exc)))
@@ -145,13 +157,16 @@ class ActorGroup:
         ``resume``. A lost target or prefetcher restarts the whole set: a ring whose producer
         died must never be read again.
         """
+        self.phases = {}
         if lost not in self.drafter_names():
             return self.restart(resume, after_failure=True)
+        t0 = time.perf_counter()
         kill_actors(self.drafters)
         self.drafters, self.drafter_node = [], []
         self.resume = resume
         try:
             self.plan = plan = ray.get(self.prefetcher.replan.remote(resume))
+            self.phases["drafters killed and data re-planned"] = time.perf_counter() - t0
             for n, group in enumerate(self.groups):
                 self._start_drafters(n, group, plan)
             self.rendezvous()

@@ -127,8 +127,8 @@ class DrafterGroup:
     def master_address(self) -> MasterAddress:
         return self._blocking("master_address")
 
-    def init_group(self, addr: str, port: int, timeout_s: float) -> None:
-        self._blocking("init_group", addr, port, timeout_s)
+    def init_group(self, addr: str, port: int, timeout_s: float, write_threads: int = 1) -> None:
+        self._blocking("init_group", addr, port, timeout_s, write_threads)
 
     def load_checkpoint(self, folder: str) -> int:
         """The steps done the checkpoint in ``folder`` holds."""

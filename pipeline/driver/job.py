@@ -204,11 +204,14 @@ class Driver:
         summary.restarts.append(recovery)
         log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
                   self.job.train.recovery.max_restarts)
-        actors.restart_after_loss(recovery.actor, point)
+        actors.restart_after_loss(recovery.actor, point)  # fills actors.phases
+        t0 = time.time()
         self._load_checkpoint(actors, path, point)
         recovery.restarted_at = time.time()
-        log.info("actor set restarted %.1fs after the loss", recovery.restarted_at
-                 - recovery.detected_at)
+        recovery.phases = {**actors.phases, "checkpoint loaded": recovery.restarted_at - t0}
+        log.info("actor set restarted %.1fs after the loss (%s)",
+                 recovery.restarted_at - recovery.detected_at,
+                 ", ".join(f"{k} {v:.1f}s" for k, v in recovery.phases.items()))
         # What ran after the checkpoint is lost with the actors: forget it, train it again.
         accounting.rollback(step)
         del summary.losses[max(0, step - summary.first_step):]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 import ray
@@ -34,6 +34,9 @@ class Recovery:
     checkpoint: Optional[str]     # None: no checkpoint yet, the job started over
     restarted_at: float = 0.0     # the new actor set is up and loaded
     training_at: float = 0.0      # the first step after the restart completed
+    # Seconds of the restart's parts, in order (the actors, the checkpoint's load), to tell
+    # where a slow restart spends its time.
+    phases: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(self.detected_at))

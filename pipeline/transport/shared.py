@@ -39,6 +39,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -49,6 +51,8 @@ from pipeline.transport.messages import DeviceKind
 
 _DEVICE_KINDS = ("cuda", "cpu")
 _MANAGER_PREFIX = "torch-shm-dir-"
+# How long a manager folder may be without its socket: the manager is starting.
+_STARTING_S = 60.0
 # This process's exported CPU buffers not yet closed, and its own manager's folder (with the
 # pid that found it: a forked child inherits this module's state, never the parent's manager).
 _open_exports = 0
@@ -195,6 +199,39 @@ def _remember_manager_folder(handle: bytes) -> None:
     if folder is not None:
         _own_manager = (os.getpid(), folder)
 
+
+def remove_dead_manager_folders(tmp: Optional[str] = None) -> list[str]:
+    """Remove this user's manager folders under ``tmp`` (the temp dir) whose manager is gone:
+    no socket bound at ``manager.sock`` (/proc/net/unix lists every bound one), so no process
+    can use the folder again. A killed actor leaves one behind (its manager is killed with it,
+    before its ``close``); the driver sweeps them when it closes its actors. A folder
+    without a socket yet is a manager starting, left alone for a minute. Linux only (/proc);
+    elsewhere nothing is removed. Returns the folders removed."""
+    root = tmp or tempfile.gettempdir()
+    try:
+        bound = {path for _, path in _unix_sockets()}
+        names = [n for n in os.listdir(root) if n.startswith(_MANAGER_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        folder = os.path.join(root, name)
+        sock = os.path.join(folder, "manager.sock")
+        try:
+            st = os.lstat(folder)
+            has_sock = os.path.lexists(sock)
+            if st.st_uid != os.getuid() or sock in bound or \
+                    (not has_sock and time.time() - st.st_mtime < _STARTING_S):
+                continue
+            if has_sock:
+                os.unlink(sock)
+            os.rmdir(folder)  # anything else in it: not a manager's folder, left alone
+        except OSError:
+            continue
+        removed.append(folder)
+    return removed
+
+
 def _own_manager_folder(socket_path: str) -> Optional[str]:
     """The folder of ``socket_path`` when a torch_shm_manager child of this process listens
     on it; None otherwise (a manager that a forked parent started, or another process's).
@@ -213,9 +250,14 @@ def _own_manager_folder(socket_path: str) -> Optional[str]:
 
 
 def _socket_inodes(socket_path: str) -> set[str]:
+    return {inode for inode, path in _unix_sockets() if path == socket_path}
+
+
+def _unix_sockets() -> list[tuple[str, str]]:
+    """(inode, path) of every bound Unix socket of this network namespace (/proc/net/unix)."""
     with open("/proc/net/unix") as f:
         rows = [line.split() for line in f.readlines()[1:]]
-    return {row[6] for row in rows if len(row) > 7 and row[7] == socket_path}
+    return [(row[6], row[7]) for row in rows if len(row) > 7]
 
 
 def _child_managers() -> list[int]:

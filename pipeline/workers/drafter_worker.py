@@ -24,12 +24,13 @@ from pipeline.checkpoint.host_copy import HostPool
 from pipeline.checkpoint.writer import (TRAINER_FILE, AsyncSaver, SaveDone,
                                         checkpoint_group)
 from pipeline.model.config import DrafterConfig, DrafterSpec
+from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.target import load_target_head
 from pipeline.model.target_init import target_init_of
 from pipeline.objective.packing import Packing
 from pipeline.training.config import OptimConfig
-from pipeline.training.drafter_trainer import DrafterTrainer, build_drafter
+from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
@@ -66,8 +67,11 @@ class DrafterWorker:
     def master_address(self) -> MasterAddress:
         return pick_master()
 
-    def init_group(self, addr: str, port: int, timeout_s: float = 600.0) -> None:
-        """``timeout_s`` bounds every collective (cluster.collective_timeout_s)."""
+    def init_group(self, addr: str, port: int, timeout_s: float = 600.0,
+                   write_threads: int = 1) -> None:
+        """``timeout_s`` bounds every collective (cluster.collective_timeout_s);
+        ``write_threads``: the checkpoint files this rank writes at once
+        (train.checkpoint.write_threads)."""
         init_group(self.rank, self.world_size, addr, port, backend_for(self.device),
                    timeout_s=timeout_s)
         if self.trainer.options.parallel == "fsdp":
@@ -75,16 +79,16 @@ class DrafterWorker:
         else:
             numel = sum(p.numel() for p in self.trainer.model.parameters())
             self.reducer = FlatReducer(numel, self.device)
-        self.saver = self._saver(checkpoint_group(timeout_s))
+        self.saver = self._saver(checkpoint_group(timeout_s), write_threads)
 
-    def _saver(self, group) -> AsyncSaver:
+    def _saver(self, group, write_threads: int) -> AsyncSaver:
         """Each fsdp rank writes its shards; of replicas, rank 0 writes (the others only plan).
         The writing ranks' host buffers are pinned in the background now, so the first save
         does not pay for them inside the step loop."""
         pool = None
         if self.trainer.sharded is not None or self.rank == 0:
             pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda")
-        return AsyncSaver(pool, group, owner=self.rank == 0)
+        return AsyncSaver(pool, group, owner=self.rank == 0, threads=write_threads)
 
     def attach(self, handles: Sequence[RingHandle]) -> None:
         for handle in handles:
@@ -192,8 +196,7 @@ class DrafterWorker:
         weights = full_weights(self.trainer.model)
         if self.rank != 0:
             return ""  # the owner's folder is the group's answer
-        with torch.random.fork_rng(devices=[]):  # build_drafter seeds: keep training's RNG
-            model = build_drafter(self.trainer.spec, self.trainer.seed, "cpu")
+        model = DFlashDrafter.for_loading(self.trainer.spec, "cpu")
         model.load_state_dict(weights)
         return str(save_drafter(model, Path(out_dir), dtype))
 

@@ -67,7 +67,7 @@ class EvalWorker:
         self.eos_token_id = eos_token_id
         self.decode = decode or EvalConfig().decode_options()
         self.decode.graphs_on(self.device.type)  # refuse graphs=on without CUDA now, not later
-        self.drafter: Optional[DFlashDrafter] = DFlashDrafter(spec).to(self.device)
+        self.drafter: Optional[DFlashDrafter] = DFlashDrafter.for_loading(spec, self.device)
         self.head = load_target_head(target_path)
         self._target: Optional[torch.nn.Module] = None
 

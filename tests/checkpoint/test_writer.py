@@ -6,6 +6,7 @@ import errno
 import logging
 import pickle
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -32,14 +33,16 @@ def _rest():
             "rng": {"cpu": torch.get_rng_state()}}
 
 
-def _saver(pool_specs=()):
-    return AsyncSaver(HostPool(list(pool_specs), pin=False), group=None, owner=True)
+def _saver(pool_specs=(), threads=1):
+    return AsyncSaver(HostPool(list(pool_specs), pin=False), group=None, owner=True,
+                      threads=threads)
 
 
-def test_the_files_hold_the_state_at_the_call_not_after(tmp_path):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_files_hold_the_state_at_the_call_not_after(tmp_path, threads):
     model, optim = _trained()
     want = map_tensors(sharded.drafter_state(model, optim), lambda t: t.clone())
-    saver = _saver([((16, 8), torch.float32)])
+    saver = _saver([((16, 8), torch.float32)], threads)
     held = saver.start(lambda: sharded.drafter_state(model, optim), _rest, tmp_path, 1)
     # Training goes on at once: in-place updates must not reach the files.
     with torch.no_grad():
@@ -51,7 +54,9 @@ def test_the_files_hold_the_state_at_the_call_not_after(tmp_path):
     assert done.error is None and done.steps_done == 1 and held >= 0
     names = [r.name for r in done.records]
     assert names[0] == TRAINER_FILE and "drafter/.metadata" in names
-    assert any(n.startswith("drafter/__0_") for n in names)
+    # One file per writer thread (12 tensors, so none is empty), each recorded.
+    assert sorted(n for n in names if n.startswith("drafter/__0_")) == \
+        [f"drafter/__0_{i}.distcp" for i in range(threads)]
     for r in done.records:
         assert r.sha256 == sha256_file(tmp_path / r.name)
         assert r.size == (tmp_path / r.name).stat().st_size
@@ -139,6 +144,56 @@ def test_a_full_disk_under_a_dcp_file_names_it_with_its_errno(tmp_path):
     assert failed.records == () and failed.errno == errno.ENOSPC
     assert failed.file == str(tmp_path / "full" / "drafter" / "__0_0.distcp")
     assert "inline_container" not in failed.error
+
+
+def _thread_deaths(monkeypatch):
+    """Threads that end in an exception, as threading reports them (a traceback on stderr)."""
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    return died
+
+
+def test_a_full_disk_under_another_writer_threads_file_is_reported_not_lost(tmp_path,
+                                                                             monkeypatch):
+    """DCP's extra writer threads die on an error and drop their files' results: the save
+    must fail with the file's errno all the same, and no thread ends in a traceback."""
+    died = _thread_deaths(monkeypatch)
+    full = Path("/dev/full")
+    if not (full.exists() and stat.S_ISCHR(full.stat().st_mode)):
+        pytest.skip("/dev/full (the kernel's always-full device) is missing on this machine")
+    model, optim = _trained()
+    files = [tmp_path / "full" / "drafter" / f"__0_{i}.distcp" for i in range(3)]
+    files[0].parent.mkdir(parents=True)
+    for f in files:  # each thread meets one, whichever files it takes
+        f.symlink_to(full)
+    saver = _saver(threads=3)
+    saver.start(lambda: sharded.drafter_state(model, optim), _rest, tmp_path / "full", 1)
+    (failed,) = saver.wait()
+    assert failed.records == () and failed.errno == errno.ENOSPC
+    assert failed.file in {str(f) for f in files}
+    assert died == []
+
+
+def test_a_writer_thread_that_dies_outside_its_file_fails_the_save(tmp_path, monkeypatch):
+    """An error before a thread opens its file ends that thread (DCP does not collect it):
+    the items it held are missing from the results, and the save says so."""
+    from torch.distributed.checkpoint import filesystem
+
+    real = filesystem._SerialCpuLoader.add
+
+    def add(self, *args):
+        if threading.current_thread().name != "checkpoint-writer":  # one of DCP's threads
+            raise RuntimeError("lost in a writer thread")
+        return real(self, *args)
+
+    monkeypatch.setattr(filesystem._SerialCpuLoader, "add", add)
+    died = _thread_deaths(monkeypatch)
+    model, optim = _trained()
+    saver = _saver(threads=2)
+    saver.start(lambda: sharded.drafter_state(model, optim), _rest, tmp_path / "lost", 1)
+    (failed,) = saver.wait()
+    assert failed.records == () and "checkpoint items were not written" in failed.error
+    assert [str(d.exc_value) for d in died] == ["lost in a writer thread"]
 
 
 class _RunsCode:

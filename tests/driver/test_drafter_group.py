@@ -56,7 +56,7 @@ class Replica:
         self._called("master_address")
         return f"address of {self.rank}"
 
-    def init_group(self, addr, port, timeout_s):
+    def init_group(self, addr, port, timeout_s, write_threads=1):
         self._called("init_group")
 
     def load_checkpoint(self, folder):

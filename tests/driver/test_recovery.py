@@ -102,6 +102,15 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
         if rec.resumed_step:
             assert rec.checkpoint.endswith(f"step_{rec.resumed_step:08d}")
         assert killed_at <= rec.detected_at <= rec.restarted_at <= rec.training_at
+        # Where the restart went, part by part, within the time it took; a lost drafter
+        # restarts the drafters only, anything else the whole set.
+        first = ("drafters killed and data re-planned" if kind == "drafter"
+                 else "actor set closed and started")
+        assert list(rec.phases) == [first, "drafters built", "process group and rings",
+                                    "checkpoint loaded"]
+        assert all(v >= 0 for v in rec.phases.values())
+        assert sum(rec.phases.values()) <= rec.restarted_at - rec.detected_at
+        assert "checkpoint loaded" in log
         assert f"lost {rec.actor}" in log
         assert f"resuming from step {rec.resumed_step}" in log
         logging.getLogger(__name__).warning(

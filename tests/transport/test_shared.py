@@ -11,7 +11,7 @@ import ray
 import torch
 
 from pipeline.transport.shared import (BufferPayload, export_buffer, open_buffer,
-                                       release_manager_folder)
+                                       release_manager_folder, remove_dead_manager_folders)
 
 NUMEL = 1 << 20  # 4 MiB of float32: far larger than any payload may be
 
@@ -170,3 +170,34 @@ def test_only_this_process_s_own_manager_folder_is_removed():
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_dead_managers_folders_are_swept_and_live_or_starting_ones_kept(tmp_path):
+    """A folder goes when nothing is bound at its socket (its manager was killed); one whose
+    socket is bound, or that has no socket yet (a manager starting), stays."""
+    import socket
+
+    def folder(name, age_s=0.0):
+        path = tmp_path / f"torch-shm-dir-{name}"
+        path.mkdir()
+        if age_s:
+            os.utime(path, (time.time() - age_s,) * 2)
+        return path
+
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(folder("dead") / "manager.sock"))
+    dead.close()  # the file stays, nothing is bound at it: a killed manager's
+    live = socket.socket(socket.AF_UNIX)
+    live.bind(str(folder("live") / "manager.sock"))
+    live.listen()
+    starting, abandoned = folder("starting"), folder("abandoned", age_s=300)
+    other = folder("other", age_s=300)
+    (other / "notes.txt").write_text("not a manager's")
+    try:
+        removed = remove_dead_manager_folders(str(tmp_path))
+    finally:
+        live.close()
+    assert sorted(os.path.basename(p) for p in removed) == \
+        ["torch-shm-dir-abandoned", "torch-shm-dir-dead"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["torch-shm-dir-live", "torch-shm-dir-other", "torch-shm-dir-starting"]
