@@ -16,12 +16,11 @@ import time
 
 import pytest
 import ray
-import torch
-from safetensors.torch import load_file
 
 from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
+from tests.gpu.resume_match import DRIFT, close_exports, losses, same_step
 
 ONE_GPU = ["cluster.drafters_per_node=1", "cluster.gpus_per_actor=0.45",
            "cluster.cpus_per_actor=0.5", "data.micro_batch_size=2", "train.optim.lr=2e-3",
@@ -36,44 +35,6 @@ def gpu_job(device, small_train_file, tmp_path):
     return make
 
 
-def _losses(out_dir) -> dict[int, list[float]]:
-    """step -> every loss logged for it (a step trained again after a restart has two)."""
-    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    out: dict[int, list[float]] = {}
-    for r in rows:
-        if "train/loss" in r:
-            out.setdefault(r["step"], []).append(r["train/loss"])
-    return out
-
-
-def _close_export(a_dir, b_dir) -> None:
-    a = load_file(str(a_dir / "export" / "model.safetensors"))
-    b = load_file(str(b_dir / "export" / "model.safetensors"))
-    assert sorted(a) == sorted(b)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=DRIFT, atol=1e-6)
-
-
-# CUDA's attention and reduction kernels are not bit-reproducible from one run to the next
-# (atomics in the backward of attention and of the fused loss, cuBLAS split-K choices). Seen on
-# the H200: the first resumed step 6.413394078710355 vs 6.413393033718491 uninterrupted
-# (1.6e-7 relative, 2026-12-02) and 5.4005893 vs 5.4005888 (9e-8, 2026-12-01); later steps
-# within 1e-7. Deterministic algorithms would make the run bit-exact but are not what jobs run
-# (and flex attention has no deterministic backward), so the contract is a tolerance:
-# FIRST_STEP: the step right after the resume agrees to 2e-6 relative, about 10x the noise
-# seen. A lost RNG state, AdamW moment or scheduler position moves that step by as much as
-# a training step moves the loss (1e-2 relative and more here; asserted below, so the bound
-# stays meaningful). DRIFT: later steps and the final weights, where the noise compounds.
-FIRST_STEP = 2e-6
-DRIFT = 1e-5
-
-
-def _same_step(got: float, want: float, previous: float) -> None:
-    """``got`` repeats ``want`` within FIRST_STEP, a bound far below one step's change."""
-    assert abs(want - previous) > 100 * FIRST_STEP * abs(want), (want, previous)
-    assert got == pytest.approx(want, rel=FIRST_STEP), (got, want)
-
-
 def test_resume_on_cuda_continues_the_uninterrupted_run(ray_cluster, gpu_job, tmp_path):
     """3 steps, stop, resume, 3 more == 6 in one go: the first resumed step within CUDA's
     run-to-run noise (FIRST_STEP), the rest and the final weights within its drift."""
@@ -85,12 +46,12 @@ def test_resume_on_cuda_continues_the_uninterrupted_run(ray_cluster, gpu_job, tm
     resumed = Driver(gpu_job(*base, f"train.out_dir={part}",
                              "train.checkpoint.resume=auto")).run()
     assert (resumed.first_step, resumed.end_step) == (3, 6)
-    want, got = _losses(tmp_path / "full"), _losses(part)
+    want, got = losses(tmp_path / "full"), losses(part)
     assert sorted(got) == sorted(want) == list(range(1, 7))
-    _same_step(got[4][-1], want[4][-1], want[3][-1])
+    same_step(got[4][-1], want[4][-1], want[3][-1])
     for step in range(1, 7):
         assert got[step][-1] == pytest.approx(want[step][-1], rel=DRIFT), step
-    _close_export(tmp_path / "full", part)
+    close_exports(tmp_path / "full", part)
 
 
 def _actor_pid(handle) -> int:
@@ -120,14 +81,14 @@ def test_sigkilled_drafter_restarts_alone_and_continues(ray_cluster, gpu_job, tm
     assert rec.actor.startswith("drafter 0") and rec.resumed_step in (4, 6)
     assert len(seen["actors"]) > 8 and len(set(seen["actors"])) == 1, "target restarted"
     assert seen["killed_at"] <= rec.detected_at <= rec.training_at
-    losses = _losses(out)
-    assert sorted(losses) == list(range(1, 9))
-    repeated = [s for s, values in losses.items() if len(values) == 2]
+    trained = losses(out)
+    assert sorted(trained) == list(range(1, 9))
+    repeated = [s for s, values in trained.items() if len(values) == 2]
     assert repeated and all(s > rec.resumed_step for s in repeated)
     first = min(repeated)  # the first step after the restart repeats to CUDA's noise
-    _same_step(losses[first][1], losses[first][0], losses[first - 1][0])
+    same_step(trained[first][1], trained[first][0], trained[first - 1][0])
     for step in repeated:  # later ones within CUDA's run-to-run drift
-        assert losses[step][1] == pytest.approx(losses[step][0], rel=DRIFT), step
+        assert trained[step][1] == pytest.approx(trained[step][0], rel=DRIFT), step
     assert all(a.exact for a in summary.accounts)
     assert ckpt.latest(out).name == "step_00000008"
 
