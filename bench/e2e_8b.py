@@ -16,6 +16,9 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
   ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
   data re-planned, drafters built, process group and rings, checkpoint loaded);
+  ``drafter_starts_s``: drafter 0's start-ups (the job's, then the restart's), each the
+  seconds from being asked for to up and their parts (before its constructor: a Ray worker,
+  the interpreter, the imports; then device ready, target head read, drafter built, rest);
 * ``checkpoint_write_s``: the longest a checkpoint took to be written and verified beside
   training (the driver's log);
 * ``start_to_first_step_warm_s``: the same launch again as a fresh job in a new run folder
@@ -140,13 +143,24 @@ _RESUMED = re.compile(r"resuming from step (\d+)")
 _RESTART_PARTS = re.compile(r"actor set restarted [0-9.]+s after the loss \((.*)\)")
 
 
+_DRAFTER_UP = re.compile(r"drafter 0 up ([0-9.]+)s after it was asked for \((.*)\)")
+
+
+def _parts(listed: str) -> dict[str, float]:
+    """``"a 1.0s, b c 2.5s"`` -> {"a": 1.0, "b c": 2.5}."""
+    return {name: float(value) for name, value in re.findall(r"(.+?) ([0-9.]+)s(?:, |$)", listed)}
+
+
 def _restart_parts(log_text: str) -> Optional[dict[str, float]]:
     """The first restart's parts from its log line: {"checkpoint loaded": 16.5, ...}."""
     found = _RESTART_PARTS.search(log_text)
-    if found is None:
-        return None
-    return {name: float(value)
-            for name, value in re.findall(r"(.+?) ([0-9.]+)s(?:, |$)", found.group(1))}
+    return None if found is None else _parts(found.group(1))
+
+
+def _drafter_starts(log_text: str) -> list[dict[str, float]]:
+    """Each start of drafter 0 (the job's, then each restart's), from its log line: the
+    seconds since it was asked for (``up``) and their parts."""
+    return [{"up": float(up), **_parts(listed)} for up, listed in _DRAFTER_UP.findall(log_text)]
 
 
 def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: int,
@@ -185,6 +199,7 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "checkpoint_step_excess_s": max(excess) if excess else None,
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
         "restart_parts_s": _restart_parts(log_text),
+        "drafter_starts_s": _drafter_starts(log_text),
         "steady_step_time_s": median_step,
         "steady_samples_per_s": samples_per_step / median_step,
         "e2e_efficiency": median_step * steps / wall,

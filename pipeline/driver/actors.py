@@ -53,6 +53,9 @@ class ActorGroup:
         self._dataset_ref: Any = None
         # Seconds of the last start's or restart's parts, by name, for the restart's log line.
         self.phases: dict[str, float] = {}
+        # Drafter 0's start-up parts at the last start or restart (its log line).
+        self.drafter_startup: dict[str, float] = {}
+        self._drafters_asked_at = 0.0
         self._clear()
 
     def _clear(self) -> None:
@@ -97,6 +100,7 @@ class ActorGroup:
         t0 = time.perf_counter()
         master = group.master_address()  # rank 0's first call: after its constructor
         t1 = time.perf_counter()
+        self._log_drafter_startup(t1)
         group.init_group(master.addr, master.port, self.job.cluster.collective_timeout_s,
                          self.job.train.checkpoint.write_threads)
         connect_stages(self.chains)
@@ -106,6 +110,17 @@ class ActorGroup:
                  for i, d in enumerate(self.drafters)])
         self.phases.update({"drafters built": t1 - t0,
                             "process group and rings": time.perf_counter() - t1})
+
+    def _log_drafter_startup(self, up_at: float) -> None:
+        """Where drafter 0's start-up went: before its constructor (a Ray worker for it, the
+        interpreter and the imports: what a process kept warm would save), then the
+        constructor's own parts."""
+        up = up_at - self._drafters_asked_at
+        inside = ray.get(self.drafters[0].startup_seconds.remote())
+        parts = {"before its constructor": max(0.0, up - sum(inside.values())), **inside}
+        self.drafter_startup = parts
+        log.info("drafter 0 up %.1fs after it was asked for (%s)", up,
+                 ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()))
 
     def close(self, after_failure: bool = False, grace_s: Optional[float] = None) -> None:
         """Close rings (readers first), kill the actors, free the placement groups.
@@ -280,6 +295,8 @@ class ActorGroup:
 
     def _start_drafters(self, n: int, group: NodeGroup, plan: PlanSummary) -> None:
         job, r, c = self.job, self.r, self.job.cluster
+        if n == 0:
+            self._drafters_asked_at = time.perf_counter()
         for i in range(c.drafters_per_node):
             rank = n * c.drafters_per_node + i
             self.drafters.append(start_actor(

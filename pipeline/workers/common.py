@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -29,3 +30,18 @@ def peak_memory_bytes(device: torch.device) -> int:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     except ImportError:  # pragma: no cover - non-POSIX
         return 0
+
+
+
+class StartupClock:
+    """A worker constructor's parts, in seconds, each part from the previous mark (or the
+    constructor's first line) to its own."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, part: str) -> None:
+        now = time.perf_counter()
+        self.parts[part] = now - self._last
+        self._last = now

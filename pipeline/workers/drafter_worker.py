@@ -34,7 +34,8 @@ from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
-from pipeline.workers.common import actor_device, on_main_thread, peak_memory_bytes
+from pipeline.workers.common import (StartupClock, actor_device, on_main_thread,
+                                     peak_memory_bytes)
 from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
 from pipeline.workers.weights import Weights, weights_of
 
@@ -50,18 +51,31 @@ class DrafterWorker:
                  packing: Optional[Packing] = None) -> None:
         """Keyword-only: ``autocast_dtype`` (drafter compute) and ``feature_dtype`` (what the
         target hands over) are both bfloat16 on CUDA, so a swap by position would go unseen."""
+        clock = StartupClock()
         self.rank = rank
         self.world_size = world_size
         self.device = actor_device(device)
-        self.trainer = DrafterTrainer(spec, options, optim, seed, load_target_head(target_path),
+        torch.empty(1, device=self.device)  # the CUDA context is made here, not in the build
+        clock.mark("device ready")
+        head = load_target_head(target_path)
+        clock.mark("target head read")
+        self.trainer = DrafterTrainer(spec, options, optim, seed, head,
                                       self.device.type, autocast_dtype, total_steps, packing,
                                       init=target_init_of(options, spec, target_path))
+        clock.mark("drafter built")
         # Rings of another node are refused: neither CUDA IPC nor shared memory crosses nodes.
         self.reader = RingReader(self.device, node_id=current_node_id())
         self.features = torch.empty(feature_numel, dtype=feature_dtype, device=self.device)
         self.loaded: Optional[SlotReady] = None
         self.reducer: Optional[FlatReducer] = None
         self.saver: Optional[AsyncSaver] = None  # with the process group (init_group)
+        clock.mark("rest")
+        self.startup = clock.parts
+
+    def startup_seconds(self) -> dict[str, float]:
+        """The constructor's parts (:class:`~pipeline.workers.common.StartupClock`): a start's
+        or a restart's log line says where the drafter's start-up went."""
+        return dict(self.startup)
 
     # -- set-up ---------------------------------------------------------------------------
     def master_address(self) -> MasterAddress:

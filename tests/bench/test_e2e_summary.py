@@ -28,7 +28,10 @@ LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written 
        "in 19.5s beside it)\n"
        "lost drafter 0 (node 0) at 12:00:00; resuming from step 100 (restart 1 of 2)\n"
        "actor set restarted 19.5s after the loss (drafters killed and data re-planned 0.2s, "
-       "drafters built 9.1s, process group and rings 2.0s, checkpoint loaded 8.2s)\n")
+       "drafters built 9.1s, process group and rings 2.0s, checkpoint loaded 8.2s)\n"
+       "[pipeline.driver.actors][INFO] - drafter 0 up 9.0s after it was asked for (before its "
+       "constructor 4.5s, device ready 1.5s, target head read 1.0s, drafter built 2.0s, "
+       "rest 0.0s)\n")
 
 
 def test_figures_follow_from_the_rows():
@@ -51,6 +54,9 @@ def test_figures_follow_from_the_rows():
     assert out["restart_parts_s"] == {"drafters killed and data re-planned": 0.2,
                                       "drafters built": 9.1, "process group and rings": 2.0,
                                       "checkpoint loaded": 8.2}
+    assert out["drafter_starts_s"] == [{
+        "up": 9.0, "before its constructor": 4.5, "device ready": 1.5, "target head read": 1.0,
+        "drafter built": 2.0, "rest": 0.0}]
 
 
 def test_resumed_ok_is_false_when_the_repeated_losses_differ():

@@ -4,6 +4,7 @@ is still trained exactly once per epoch."""
 
 import json
 import logging
+import re
 import os
 import signal
 import time
@@ -112,6 +113,17 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
         assert sum(rec.phases.values()) <= rec.restarted_at - rec.detected_at
         assert "checkpoint loaded" in log
         assert f"lost {rec.actor}" in log
+    # Drafter 0's start-up, at the job's start and after each restart (every kind restarts
+    # the drafters): its parts in order, adding up to the time since it was asked for.
+    ups = re.findall(r"drafter 0 up ([0-9.]+)s after it was asked for \((.*)\)", log)
+    assert len(ups) == 1 + len(KILLS), ups
+    for up, listed in ups:
+        parts = re.findall(r"(.+?) ([0-9.]+)s(?:, |$)", listed)
+        assert [name for name, _ in parts] == [
+            "before its constructor", "device ready", "target head read", "drafter built",
+            "rest"], listed
+        # Each figure rounded to 0.1 s: the parts add up to the whole within the roundings.
+        assert abs(sum(float(v) for _, v in parts) - float(up)) <= 0.05 * (len(parts) + 1)
         assert f"resuming from step {rec.resumed_step}" in log
         logging.getLogger(__name__).warning(
             "%s killed by %s after step %d: seen after %.1fs, actors up again after %.1fs, "

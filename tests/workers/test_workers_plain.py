@@ -27,6 +27,9 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
                             seed=0, target_path=str(random_target_dir), device="cpu",
                             autocast_dtype=None, feature_dtype=torch.float32,
                             feature_numel=numel, total_steps=1)
+    startup = drafter.startup_seconds()  # the parts the driver's start-up line gives
+    assert list(startup) == ["device ready", "target head read", "drafter built", "rest"]
+    assert all(v >= 0 for v in startup.values())
     master = pick_master()
     drafter.init_group(master.addr, master.port)
     try:
