@@ -16,7 +16,7 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
   ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
   data re-planned, drafters built, process group and rings, checkpoint loaded);
-  ``drafter_starts_s``: drafter 0's start-ups (the job's, then the restart's), each the
+  ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
   seconds from being asked for to up and their parts (before its constructor: a Ray worker,
   the interpreter, the imports; then device ready, target head read, drafter built, rest);
 * ``checkpoint_write_s``: the longest a checkpoint took to be written and verified beside
@@ -143,7 +143,7 @@ _RESUMED = re.compile(r"resuming from step (\d+)")
 _RESTART_PARTS = re.compile(r"actor set restarted [0-9.]+s after the loss \((.*)\)")
 
 
-_DRAFTER_UP = re.compile(r"drafter 0 up ([0-9.]+)s after it was asked for \((.*)\)")
+_DRAFTER_UP = re.compile(r"drafter rank 0 up ([0-9.]+)s after it was asked for \((.*)\)")
 
 
 def _parts(listed: str) -> dict[str, float]:

@@ -53,7 +53,7 @@ class ActorGroup:
         self._dataset_ref: Any = None
         # Seconds of the last start's or restart's parts, by name, for the restart's log line.
         self.phases: dict[str, float] = {}
-        # Drafter 0's start-up parts at the last start or restart (its log line).
+        # Drafter rank 0's start-up parts at the last start or restart (its log line).
         self.drafter_startup: dict[str, float] = {}
         self._drafters_asked_at = 0.0
         self._clear()
@@ -112,14 +112,14 @@ class ActorGroup:
                             "process group and rings": time.perf_counter() - t1})
 
     def _log_drafter_startup(self, up_at: float) -> None:
-        """Where drafter 0's start-up went: before its constructor (a Ray worker for it, the
-        interpreter and the imports: what a process kept warm would save), then the
+        """Where drafter rank 0's start-up went: before its constructor (a Ray worker for it,
+        the interpreter and the imports: what a process kept warm would save), then the
         constructor's own parts."""
         up = up_at - self._drafters_asked_at
-        inside = ray.get(self.drafters[0].startup_seconds.remote())
+        inside = self.drafter_group.startup_seconds()
         parts = {"before its constructor": max(0.0, up - sum(inside.values())), **inside}
         self.drafter_startup = parts
-        log.info("drafter 0 up %.1fs after it was asked for (%s)", up,
+        log.info("drafter rank 0 up %.1fs after it was asked for (%s)", up,
                  ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()))
 
     def close(self, after_failure: bool = False, grace_s: Optional[float] = None) -> None:

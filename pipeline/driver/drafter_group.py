@@ -59,6 +59,7 @@ class Dispatch(enum.Enum):
 # Worker method -> how the group dispatches it. The one place to change for sharded drafters.
 POLICY: dict[str, Dispatch] = {
     "master_address": Dispatch.RANK_ZERO,
+    "startup_seconds": Dispatch.RANK_ZERO,
     "init_group": Dispatch.EVERY_RANK_AGREED,
     "load_checkpoint": Dispatch.EVERY_RANK_AGREED,
     # A save through torch.distributed.checkpoint is entered by every rank (each plans, the
@@ -126,6 +127,10 @@ class DrafterGroup:
     # -- set-up -----------------------------------------------------------------------------
     def master_address(self) -> MasterAddress:
         return self._blocking("master_address")
+
+    def startup_seconds(self) -> dict[str, float]:
+        """Rank 0's constructor, part by part (its start-up log line)."""
+        return self._blocking("startup_seconds")
 
     def init_group(self, addr: str, port: int, timeout_s: float, write_threads: int = 1) -> None:
         self._blocking("init_group", addr, port, timeout_s, write_threads)

@@ -29,7 +29,7 @@ LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written 
        "lost drafter 0 (node 0) at 12:00:00; resuming from step 100 (restart 1 of 2)\n"
        "actor set restarted 19.5s after the loss (drafters killed and data re-planned 0.2s, "
        "drafters built 9.1s, process group and rings 2.0s, checkpoint loaded 8.2s)\n"
-       "[pipeline.driver.actors][INFO] - drafter 0 up 9.0s after it was asked for (before its "
+       "[pipeline.driver.actors][INFO] - drafter rank 0 up 9.0s after it was asked for (before its "
        "constructor 4.5s, device ready 1.5s, target head read 1.0s, drafter built 2.0s, "
        "rest 0.0s)\n")
 

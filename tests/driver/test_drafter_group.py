@@ -56,6 +56,10 @@ class Replica:
         self._called("master_address")
         return f"address of {self.rank}"
 
+    def startup_seconds(self):
+        self._called("startup_seconds")
+        return {"drafter built": float(self.rank)}
+
     def init_group(self, addr, port, timeout_s, write_threads=1):
         self._called("init_group")
 
@@ -90,6 +94,7 @@ def _group(n=3, policy=POLICY):
 def _use_every_method(group):
     """Each group method once, as a run uses them; returns what came back."""
     got = {"master_address": group.master_address(),
+           "startup_seconds": group.startup_seconds(),
            "init_group": group.init_group("host", 1, 5.0),
            "load_checkpoint": group.load_checkpoint("ckpt"),
            "save_checkpoint": group.save_checkpoint_ref("staging"),
@@ -110,13 +115,14 @@ def test_every_rank_saves_and_the_owner_alone_exports_and_hands_out_weights():
     waits for its own write); the owner's value comes back."""
     group, _, log, calls = _group()
     got = _use_every_method(group)
-    assert log == [(0, "master_address"),
+    assert log == [(0, "master_address"), (0, "startup_seconds"),
                    (0, "init_group"), (1, "init_group"), (2, "init_group"),
                    (0, "load_checkpoint"), (1, "load_checkpoint"), (2, "load_checkpoint"),
                    (0, "save_checkpoint"), (1, "save_checkpoint"), (2, "save_checkpoint"),
                    (0, "wait_saves"), (1, "wait_saves"), (2, "wait_saves"),
                    (OWNER_RANK, "weights"), (OWNER_RANK, "export")]
     assert got["master_address"] == "address of 0" and got["load_checkpoint"] == 4
+    assert got["startup_seconds"] == {"drafter built": 0.0}
     assert got["save_checkpoint"] == Ref(0.0) and got["weights"] == Ref({"rank": 0})
     assert got["wait_saves"] == ("saves of 0",) and got["export"] == "out/0"
     assert calls.joins == 1, "the save's refs of every rank are joined into one"

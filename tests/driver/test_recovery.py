@@ -113,9 +113,9 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
         assert sum(rec.phases.values()) <= rec.restarted_at - rec.detected_at
         assert "checkpoint loaded" in log
         assert f"lost {rec.actor}" in log
-    # Drafter 0's start-up, at the job's start and after each restart (every kind restarts
+    # Drafter rank 0's start-up, at the job's start and after each restart (every kind restarts
     # the drafters): its parts in order, adding up to the time since it was asked for.
-    ups = re.findall(r"drafter 0 up ([0-9.]+)s after it was asked for \((.*)\)", log)
+    ups = re.findall(r"drafter rank 0 up ([0-9.]+)s after it was asked for \((.*)\)", log)
     assert len(ups) == 1 + len(KILLS), ups
     for up, listed in ups:
         parts = re.findall(r"(.+?) ([0-9.]+)s(?:, |$)", listed)
