@@ -32,7 +32,6 @@ def peak_memory_bytes(device: torch.device) -> int:
         return 0
 
 
-
 class StartupClock:
     """A worker constructor's parts, in seconds, each part from the previous mark (or the
     constructor's first line) to its own."""
