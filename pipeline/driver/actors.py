@@ -53,9 +53,7 @@ class ActorGroup:
         self._dataset_ref: Any = None
         # Seconds of the last start's or restart's parts, by name, for the restart's log line.
         self.phases: dict[str, float] = {}
-        # Drafter rank 0's start-up parts at the last start or restart (its log line).
-        self.drafter_startup: dict[str, float] = {}
-        self._drafters_asked_at = 0.0
+        self._drafters_asked_at = 0.0  # when the last start's rank 0 was asked for
         self._clear()
 
     def _clear(self) -> None:
@@ -118,7 +116,6 @@ class ActorGroup:
         up = up_at - self._drafters_asked_at
         inside = self.drafter_group.startup_seconds()
         parts = {"before its constructor": max(0.0, up - sum(inside.values())), **inside}
-        self.drafter_startup = parts
         log.info("drafter rank 0 up %.1fs after it was asked for (%s)", up,
                  ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()))
 
