@@ -5,8 +5,8 @@ its CUDA context, the target's head, the drafter's build. Its load then read the
 deserialised them and copied them to the GPU (at the Qwen3-8B shape 12.6 GB: 10.6 s of a
 32 s restart on the H200). Told the folder when it is built, the drafter reads it here in a
 thread of its own meanwhile, into host tensors (pinned on CUDA when the rank writes
-checkpoints: they become its buffers for the next saves); the load then only copies them into
-place.
+checkpoints: they become its buffers for the next saves); the load then copies the weights
+into place and hands the optimizer its state (moved to the GPU; on the host, these tensors).
 
 Whole tensors only: an fsdp rank needs only its shards, which are known once the group is
 formed, so it reads at the load as before (pipeline/checkpoint/sharded.py). A read that fails
@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from pipeline.checkpoint.sharded import (DRAFTER_DIR, LEGACY_FILE, SafePlanner, SafeReader,
                                          plain_errors)
@@ -45,60 +46,71 @@ class HostCheckpoint:
     def tensors(self) -> list[torch.Tensor]:
         return [v for v in self.values.values() if isinstance(v, torch.Tensor)]
 
-    def fill(self, state: dict[str, Any]) -> None:
-        """Copy into ``state`` (pipeline.checkpoint.sharded.drafter_state: whole tensors) what
-        a DCP load of this folder would: every tensor of ``state`` from the key at its place,
-        the settings replaced; keys ``state`` lacks are ignored. A tensor the checkpoint
-        lacks, or of another shape, raises."""
-        filled: set[Place] = set()
-        on_cuda = False
-        for key, value in self.values.items():
-            place = self.places[key]
-            holder = _holder(state, place)
-            if holder is None:
-                continue
-            if isinstance(value, torch.Tensor):
-                live = holder[place[-1]]
-                if tuple(live.shape) != tuple(value.shape):
-                    raise RuntimeError(f"{self.folder}: {key} is {tuple(value.shape)} in the "
-                                       f"checkpoint, {tuple(live.shape)} in the drafter")
-                live.copy_(value, non_blocking=self.pinned)
-                on_cuda |= live.is_cuda
-                filled.add(place)
-            else:
-                holder[place[-1]] = value
-        lacking = [".".join(map(str, p)) for p in _tensor_places(state) if p not in filled]
-        if lacking:
-            raise RuntimeError(f"{self.folder}: the checkpoint lacks {len(lacking)} of the "
-                               f"drafter's tensors, e.g. {lacking[0]}")
+    def spare(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """After :meth:`load_into`, the host tensors nothing holds: all on a GPU (copied to
+        the device), the weights' on the host (the optimizer keeps its state's tensors)."""
+        kept = {t.data_ptr() for s in optimizer.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor)}
+        return [t for t in self.tensors() if t.data_ptr() not in kept]
+
+    def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """What a load of the folder does, from host memory: the weights copied into the
+        parameters; the optimizer given its state by ``optimizer.load_state_dict``, which moves
+        these tensors to the parameters' device (on the host it keeps them: nothing copied).
+        A weight the checkpoint lacks or holds in another shape, or other parameter groups,
+        raise. A fresh optimizer needs no step of its own first (a load from the files does:
+        DCP reads into tensors that exist)."""
+        on_cuda = self._copy_weights(get_model_state_dict(model))
+        saved = self._nested("optimizer")
+        names = {id(p): n for n, p in model.named_parameters()}
+        live = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+        groups = [saved["param_groups"][i] for i in sorted(saved.get("param_groups", {}))]
+        if [g.get("params") for g in groups] != live:
+            raise RuntimeError(f"{self.folder}: the checkpoint's optimizer has other parameter "
+                               f"groups than the drafter's")
+        index = {n: i for i, n in enumerate(n for names_ in live for n in names_)}
+        optimizer.load_state_dict({
+            "state": {index[n]: dict(s) for n, s in saved.get("state", {}).items()
+                      if n in index},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                             for g in groups]})
         if on_cuda:
             torch.cuda.synchronize()  # the host tensors may be reused (as save buffers)
 
+    def _copy_weights(self, weights: dict[str, torch.Tensor]) -> bool:
+        """Copy the checkpoint's weights into ``weights`` (the model's state dict, sharing the
+        parameters' storage); whether any went to a GPU."""
+        filled, on_cuda = set(), False
+        for key, value in self.values.items():
+            place = self.places[key]
+            if place[0] != "model" or len(place) != 2 or place[1] not in weights:
+                continue
+            live = weights[place[1]]
+            if tuple(live.shape) != tuple(value.shape):
+                raise RuntimeError(f"{self.folder}: {key} is {tuple(value.shape)} in the "
+                                   f"checkpoint, {tuple(live.shape)} in the drafter")
+            with torch.no_grad():
+                live.copy_(value, non_blocking=self.pinned)
+            filled.add(place[1])
+            on_cuda |= live.is_cuda
+        lacking = [name for name in weights if name not in filled]
+        if lacking:
+            raise RuntimeError(f"{self.folder}: the checkpoint lacks {len(lacking)} of the "
+                               f"drafter's weights, e.g. model.{lacking[0]}")
+        return on_cuda
 
-def _holder(state: Any, place: Place) -> Optional[Any]:
-    """The dict or list holding ``place``'s last part, or None where ``state`` has no such
-    place."""
-    node = state
-    for part in place[:-1]:
-        try:
-            node = node[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    if isinstance(node, dict) and place[-1] in node:
-        return node
-    if isinstance(node, list) and isinstance(place[-1], int) and place[-1] < len(node):
-        return node
-    return None
-
-
-def _tensor_places(node: Any, prefix: Place = ()) -> list[Place]:
-    if isinstance(node, torch.Tensor):
-        return [prefix]
-    if isinstance(node, dict):
-        return [p for k, v in node.items() for p in _tensor_places(v, (*prefix, k))]
-    if isinstance(node, list):
-        return [p for i, v in enumerate(node) for p in _tensor_places(v, (*prefix, i))]
-    return []
+    def _nested(self, top: str) -> dict[Any, Any]:
+        """The values under ``top`` as nested dicts (list positions as int keys)."""
+        out: dict[Any, Any] = {}
+        for key, value in self.values.items():
+            place = self.places[key]
+            if place[0] != top:
+                continue
+            node = out
+            for part in place[1:-1]:
+                node = node.setdefault(part, {})
+            node[place[-1]] = value
+        return out
 
 
 def read(folder: Path, pin: bool) -> HostCheckpoint:

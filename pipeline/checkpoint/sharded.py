@@ -169,19 +169,15 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
     checkpoint already read into host memory (pipeline/checkpoint/read_ahead.py: whole
     tensors, for a drafter that is not sharded), copied from there instead of read."""
     if host is not None:
-        keys: Any = host.values
-    else:
-        reader = SafeReader(folder / DRAFTER_DIR)
-        keys = reader.read_metadata().state_dict_metadata
-    if any(k.startswith("optimizer.state.") for k in keys):
+        host.load_into(model, optimizer)
+        return
+    reader = SafeReader(folder / DRAFTER_DIR)
+    if any(k.startswith("optimizer.state.") for k in reader.read_metadata().state_dict_metadata):
         init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
     state = drafter_state(model, optimizer)
-    if host is not None:
-        host.fill(state)
-    else:
-        with plain_errors():
-            dcp.load(state, storage_reader=reader, planner=SafePlanner(folder),
-                     process_group=group, no_dist=group is None)
+    with plain_errors():
+        dcp.load(state, storage_reader=reader, planner=SafePlanner(folder),
+                 process_group=group, no_dist=group is None)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 

@@ -223,8 +223,9 @@ class DrafterWorker:
             {"read from the files": loaded}
         pool = self.saver.pool if self.saver is not None else None
         if pool is not None:
-            if host is not None and host.pinned == pool.pin:
-                pool.release(host.tensors())
+            if host is not None:  # what the load left unused becomes save buffers
+                pool.release([t for t in host.spare(self.trainer.optimizer)
+                              if t.is_pinned() == pool.pin])
             pool.fill()
         return self.trainer.steps_done
 

@@ -101,10 +101,26 @@ def test_a_drafter_of_another_shape_is_refused_naming_the_tensor(tmp_path):
         sharded.load(model, optim, tmp_path, group=None, host=host)
     bigger = _Net()
     bigger.extra = nn.Linear(2, 2)
-    # its weight and bias, and their moments and step counts
-    with pytest.raises(RuntimeError, match="lacks 8 of the drafter's tensors, e.g. "
-                                           "model.extra.weight"):
+    with pytest.raises(RuntimeError, match="lacks 2 of the drafter's weights, e.g. "
+                                           "model.extra"):
         sharded.load(bigger, _optimizer(bigger), tmp_path, group=None, host=host)
+    model = _Net()
+    one_group = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with pytest.raises(RuntimeError, match="other parameter groups"):
+        sharded.load(model, one_group, tmp_path, group=None, host=host)
+
+
+def test_on_the_host_the_optimizer_keeps_the_read_tensors_and_the_weights_are_spare(tmp_path):
+    _saved(tmp_path)
+    host = read(tmp_path, pin=False)
+    model, optim = _fresh()
+    sharded.load(model, optim, tmp_path, group=None, host=host)
+    moments = {t.data_ptr() for s in optim.state.values() for t in s.values()}
+    read_ptrs = {t.data_ptr() for t in host.tensors()}
+    assert moments <= read_ptrs  # nothing copied for the optimizer
+    spare = host.spare(optim)
+    assert {t.data_ptr() for t in spare} == read_ptrs - moments
+    assert len(spare) == len(list(model.parameters()))  # the weights' copies
 
 
 class _RunsCode:
@@ -193,12 +209,21 @@ def test_a_drafter_told_its_checkpoint_loads_it_read_ahead_into_its_save_buffers
     second.init_group(master.addr, master.port)
     try:
         host = second.read_ahead.take(tmp_path)
-        held = {id(t) for t in host.tensors()}
         second.read_ahead.take = lambda folder: host  # the same read, seen by the load
         assert second.load_checkpoint(str(tmp_path)) == first.trainer.steps_done
+        assert second.load_seconds().keys() == {"waited for the read-ahead",
+                                                "copied from host memory"}
         for a, b in zip(second.trainer.model.parameters(), first.trainer.model.parameters()):
             assert torch.equal(a, b)
+        for a, b in zip(second.trainer.optimizer.state.values(),
+                        first.trainer.optimizer.state.values()):
+            assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+        # The weights' read copies are save buffers now (none allocated twice); the moments'
+        # are the optimizer's own on the host, and never a save buffer.
+        spare = {id(t) for t in host.spare(second.trainer.optimizer)}
         pooled = {id(t) for ts in second.saver.pool._free.values() for t in ts}
-        assert held <= pooled  # the read's tensors are the save buffers: none pinned twice
+        assert spare and spare <= pooled
+        moments = {id(t) for s in second.trainer.optimizer.state.values() for t in s.values()}
+        assert not moments & pooled
     finally:
         destroy_group()
