@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from pipeline.checkpoint.sharded import (DRAFTER_DIR, LEGACY_FILE, SafePlanner, SafeReader,
-                                         plain_errors)
+                                         plain_errors, quiet_single_process)
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ def read(folder: Path, pin: bool) -> HostCheckpoint:
         key: torch.empty(md.size, dtype=md.properties.dtype, pin_memory=pin)
         if isinstance(md, TensorStorageMetadata) else None
         for key, md in metadata.state_dict_metadata.items()}
+    quiet_single_process()
     with plain_errors():
         dcp.load(values, storage_reader=reader,
                  planner=SafePlanner(folder, flatten_state_dict=False,

@@ -23,6 +23,7 @@ import io
 import pathlib
 import pickle
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
@@ -87,6 +88,8 @@ def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup]
     per rank written at once. Every rank of ``group`` calls this; it returns once every rank's
     files and the index are written (DCP's closing exchange), and raises on every rank if any
     rank's write failed."""
+    if group is None:
+        quiet_single_process()
     with plain_errors():
         dcp.save(state, storage_writer=_Writer(folder / DRAFTER_DIR, threads),
                  planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
@@ -175,6 +178,8 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
     if any(k.startswith("optimizer.state.") for k in reader.read_metadata().state_dict_metadata):
         init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
     state = drafter_state(model, optimizer)
+    if group is None:
+        quiet_single_process()
     with plain_errors():
         dcp.load(state, storage_reader=reader, planner=SafePlanner(folder),
                  process_group=group, no_dist=group is None)
@@ -186,10 +191,21 @@ def load_weights(model: nn.Module, folder: Path) -> None:
     """Only the weights of ``folder/drafter``, into a whole model in this process (no
     group): an export."""
     state = {"model": model.state_dict()}
+    quiet_single_process()
     with plain_errors():
         dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR),
                  planner=SafePlanner(folder), no_dist=True)
     model.load_state_dict(state["model"])
+
+
+def quiet_single_process() -> None:
+    """DCP warns on every call made without a process group ("torch.distributed is disabled
+    ... assuming the intent is to load in a single process"), also when ``no_dist=True`` says
+    so: an export, a read-ahead's thread and a single-process trainer mean it, and their users
+    can do nothing about the line. A filter, not a catch_warnings block: that one is not
+    thread-safe, and a read-ahead runs in a thread."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                            "uninitialized", category=UserWarning)
 
 
 @contextlib.contextmanager

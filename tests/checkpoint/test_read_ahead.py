@@ -3,6 +3,7 @@ state, settings, gradient buffers kept), refuses what a load refuses, gives noth
 another folder or a failed read, and leaves its host tensors to the drafter's save buffers.
 Non-tensor values of a DCP checkpoint are unpickled without running code on either path."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,17 @@ def test_read_ahead_loads_exactly_what_the_files_load(tmp_path):
     _step(from_files, files_optim)
     for a, b in zip(from_host.parameters(), from_files.parameters()):
         assert torch.equal(a, b)
+
+
+def test_single_process_reads_say_nothing_the_user_cannot_act_on(tmp_path):
+    """DCP warns on each call without a process group; an export and a read-ahead mean it."""
+    _saved(tmp_path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        read(tmp_path, pin=False)
+        sharded.load_weights(_Net(), tmp_path)
+        sharded.load(*_fresh(), tmp_path, group=None)
+    assert [str(w.message) for w in seen] == []
 
 
 def test_a_drafter_of_another_shape_is_refused_naming_the_tensor(tmp_path):
