@@ -2,6 +2,7 @@
 SIGKILLed drafter, recovery, export.
 
     python -m bench.e2e_8b --work /tmp/e2e --out docs/bench     # one H200, about 8 minutes
+    python -m bench.e2e_8b --work /tmp/e2e --out /tmp/ra --set train.checkpoint.read_ahead=true
 
 It builds a random-weight target with Qwen3-8B's architecture (save_pretrained, loaded back by
 the real code), writes ~800-token chats, then runs ``python -m pipeline.train --config-name
@@ -19,6 +20,9 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
   ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
   seconds from being asked for to up and their parts (before its constructor: a Ray worker,
   the interpreter, the imports; then device ready, target head read, drafter built, rest);
+  ``checkpoint_loads_s``: each load's parts on drafter rank 0 (read from the files, or
+  waited for the read-ahead and copied from host memory: ``--set
+  train.checkpoint.read_ahead=true``);
 * ``checkpoint_write_s``: the longest a checkpoint took to be written and verified beside
   training (the driver's log);
 * ``start_to_first_step_warm_s``: the same launch again as a fresh job in a new run folder
@@ -99,7 +103,8 @@ def _command(args, target: Path, data: Path, run_dir: Path) -> list[str]:
             f"train.plan.max_steps={args.steps}", f"train.checkpoint.every={args.every}",
             "train.checkpoint.resume=null", "train.checkpoint.keep_last=2",
             f"train.eval.every={args.every}", f"train.eval.prompts={args.eval_prompts}",
-            "train.eval.max_new_tokens=64", "train.log_every=10", f"train.out_dir={run_dir}"]
+            "train.eval.max_new_tokens=64", "train.log_every=10", f"train.out_dir={run_dir}",
+            *args.set]
 
 
 def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
@@ -144,6 +149,7 @@ _RESTART_PARTS = re.compile(r"actor set restarted [0-9.]+s after the loss \((.*)
 
 
 _DRAFTER_UP = re.compile(r"drafter rank 0 up ([0-9.]+)s after it was asked for \((.*)\)")
+_LOADED = re.compile(r"resumed from \S+ at step \d+ \(drafter rank 0: (.*)\)")
 
 
 def _parts(listed: str) -> dict[str, float]:
@@ -200,6 +206,7 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
         "restart_parts_s": _restart_parts(log_text),
         "drafter_starts_s": _drafter_starts(log_text),
+        "checkpoint_loads_s": [_parts(m) for m in _LOADED.findall(log_text)],
         "steady_step_time_s": median_step,
         "steady_samples_per_s": samples_per_step / median_step,
         "e2e_efficiency": median_step * steps / wall,
@@ -226,6 +233,9 @@ def main(argv=None) -> dict:
     p.add_argument("--anchors", type=int, default=256)
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--loss-rtol", type=float, default=1e-3)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override added to both jobs' commands (repeatable), e.g. "
+                        "train.checkpoint.read_ahead=true")
     p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop the job after this long and report what it did")
     p.add_argument("--relaunch-steps", type=int, default=3,

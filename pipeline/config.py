@@ -179,6 +179,11 @@ class CheckpointConfig:
     # reads any number): serialising is CPU-bound at about 0.4-0.9 GB/s a thread, and at 8B
     # rank 0 writes 12.6 GB beside training. 1: one file per rank, written by one thread.
     write_threads: int = 4
+    # Drafters started to load a checkpoint (a restart after a lost actor, a resume) read it
+    # into host memory while they start up, and the load then copies it into place
+    # (pipeline/checkpoint/read_ahead.py). Takes free host memory of twice the checkpoint per
+    # drafter (else it is skipped, said in one line); drafter.parallel=replicate only.
+    read_ahead: bool = False
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "train.checkpoint.every", self.every, ">= 0 (0: at the end)")
@@ -362,3 +367,6 @@ def check_across_sections(job: JobConfig) -> None:
                 f"buckets of >= 2 * drafter.block_size ({least}) tokens: a {low}-token "
                 f"bucket can never hold a sample with {least} supervised tokens")
     BatchShapes.from_config(data, d.static_shapes, d.num_anchors)  # pool vs anchors
+    require(not (job.train.checkpoint.read_ahead and d.parallel == "fsdp"),
+            "train.checkpoint.read_ahead", True, "false under drafter.parallel=fsdp (a rank "
+            "reads only its shards, known once the process group is formed)")

@@ -82,7 +82,7 @@ CHANGEABLE = frozenset({
     "train.eval.gpu_duty",
     "train.checkpoint.every", "train.checkpoint.resume", "train.checkpoint.keep_last",
     "train.checkpoint.allow_data_change", "train.checkpoint.final",
-    "train.checkpoint.write_threads",
+    "train.checkpoint.write_threads", "train.checkpoint.read_ahead",
     "train.recovery.max_restarts", "train.recovery.max_nonfinite_in_row",
     "train.out_dir", "train.log_every", "train.export_dtype",
     "logger.kind", "logger.project", "logger.entity", "logger.name", "logger.mode",

@@ -72,6 +72,13 @@ def test_bad_values_name_the_key_and_allowed(override, match):
         compose_job([override])
 
 
+def test_read_ahead_is_refused_under_fsdp_and_taken_otherwise():
+    with pytest.raises(ValueError, match=r"train.checkpoint.read_ahead=True .*false under "
+                                         r"drafter.parallel=fsdp"):
+        compose_job(["train.checkpoint.read_ahead=true", "drafter.parallel=fsdp"])
+    assert compose_job(["train.checkpoint.read_ahead=true"]).train.checkpoint.read_ahead
+
+
 @pytest.mark.parametrize("old,new", [
     ("train.lr=1e-3", "train.optim.lr"),
     ("train.max_steps=5", "train.plan.max_steps"),

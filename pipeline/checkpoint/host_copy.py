@@ -5,14 +5,16 @@ A synchronous save of the Qwen3-8B drafter (12.6 GB of fp32 weights and AdamW mo
 the step loop for ~39 s. A save now only copies the state into host buffers (pinned on CUDA,
 so the copy runs at PCIe speed) and returns; pipeline/checkpoint/writer.py writes the copy in
 the background. The buffers are allocated in the background at construction (pinning 12.6 GB
-takes seconds) and reused by every save. Under drafter.parallel=fsdp each rank copies only
-its own shards (DTensors keep their placement: the copy is a DTensor over host memory).
+takes seconds; a drafter about to load a checkpoint allocates them after the load instead of
+beside it) and reused by every save. Under drafter.parallel=fsdp each rank copies only its
+own shards (DTensors keep their placement: the copy is a DTensor over host memory).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections import Counter
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -23,15 +25,35 @@ class HostPool:
     """Host tensors that snapshots copy into, reused from one save to the next.
 
     One tensor per state tensor (a writer may serialise each storage whole, so views into one
-    big arena could write the arena). Those given as ``expected`` are allocated in a background
-    thread at once; a shape the pool lacks is allocated when first needed.
+    big arena could write the arena). Those given as ``expected`` are allocated in a
+    background thread by :meth:`fill` (at once unless ``fill=False``), less those the pool
+    was given meanwhile (:meth:`release`: a checkpoint read ahead leaves its host tensors
+    here); a shape the pool lacks is allocated when first needed.
     """
 
-    def __init__(self, expected: list[Spec], pin: bool) -> None:
-        self._pin = pin
+    def __init__(self, expected: list[Spec], pin: bool, fill: bool = True) -> None:
+        self.pin = pin
+        self._expected = list(expected)
         self._free: dict[Spec, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._allocate, args=(expected,),
+        self._thread: Optional[threading.Thread] = None
+        if fill:
+            self.fill()
+
+    def fill(self) -> None:
+        """Allocate, in a background thread, the expected tensors the pool does not hold
+        (once: later calls do nothing)."""
+        if self._thread is not None:
+            return
+        with self._lock:
+            held = Counter({spec: len(ts) for spec, ts in self._free.items()})
+        lacking = []
+        for shape, dtype in self._expected:
+            if held[(tuple(shape), dtype)] > 0:
+                held[(tuple(shape), dtype)] -= 1
+            else:
+                lacking.append((shape, dtype))
+        self._thread = threading.Thread(target=self._allocate, args=(lacking,),
                                         name="host-pool-alloc", daemon=True)
         self._thread.start()
 
@@ -40,10 +62,11 @@ class HostPool:
             self.release([self._new(shape, dtype)])
 
     def _new(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
 
     def acquire(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         with self._lock:
             free = self._free.get((tuple(shape), dtype))
             if free:

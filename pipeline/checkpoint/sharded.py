@@ -19,12 +19,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import io
 import pathlib
 import pickle
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,14 +34,17 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import (FileSystem, FileSystemReader,
                                                     FileSystemWriter, _StorageInfo)
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from pipeline.checkpoint.files import READ_THREADS
+from pipeline.checkpoint.files import READ_THREADS, out_of_memory
 from pipeline.dist import fsdp
+
+if TYPE_CHECKING:
+    from pipeline.checkpoint.read_ahead import HostCheckpoint
 
 DRAFTER_DIR = "drafter"
 # The one file of a checkpoint written before DCP: the whole trainer state (torch.save).
@@ -83,7 +88,9 @@ def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup]
     per rank written at once. Every rank of ``group`` calls this; it returns once every rank's
     files and the index are written (DCP's closing exchange), and raises on every rank if any
     rank's write failed."""
-    with _plain_errors():
+    if group is None:
+        quiet_single_process()
+    with plain_errors():
         dcp.save(state, storage_writer=_Writer(folder / DRAFTER_DIR, threads),
                  planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
                  process_group=group, no_dist=group is None)
@@ -159,15 +166,23 @@ class _RecordingStream:
 
 
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
-         group: Optional[dist.ProcessGroup]) -> None:
+         group: Optional[dist.ProcessGroup], host: Optional[HostCheckpoint] = None) -> None:
     """Load ``folder/drafter`` into the model and optimizer as this job shards them (the
-    model's parameters must be the shards: see :func:`shards_in_place`)."""
+    model's parameters must be the shards: see :func:`shards_in_place`). ``host``: the same
+    checkpoint already read into host memory (pipeline/checkpoint/read_ahead.py: whole
+    tensors, for a drafter that is not sharded), copied from there instead of read."""
+    if host is not None:
+        host.load_into(model, optimizer)
+        return
     reader = SafeReader(folder / DRAFTER_DIR)
     if any(k.startswith("optimizer.state.") for k in reader.read_metadata().state_dict_metadata):
-        _init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
+        init_optimizer_state(optimizer)  # DCP loads into the tensors a state dict names
     state = drafter_state(model, optimizer)
-    with _plain_errors():
-        dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
+    if group is None:
+        quiet_single_process()
+    with plain_errors():
+        dcp.load(state, storage_reader=reader, planner=SafePlanner(folder),
+                 process_group=group, no_dist=group is None)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 
@@ -176,13 +191,25 @@ def load_weights(model: nn.Module, folder: Path) -> None:
     """Only the weights of ``folder/drafter``, into a whole model in this process (no
     group): an export."""
     state = {"model": model.state_dict()}
-    with _plain_errors():
-        dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR), no_dist=True)
+    quiet_single_process()
+    with plain_errors():
+        dcp.load(state, storage_reader=SafeReader(folder / DRAFTER_DIR),
+                 planner=SafePlanner(folder), no_dist=True)
     model.load_state_dict(state["model"])
 
 
+def quiet_single_process() -> None:
+    """DCP warns on every call made without a process group ("torch.distributed is disabled
+    ... assuming the intent is to load in a single process"), also when ``no_dist=True`` says
+    so: an export, a read-ahead's thread and a single-process trainer mean it, and their users
+    can do nothing about the line. A filter, not a catch_warnings block: that one is not
+    thread-safe, and a read-ahead runs in a thread."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                            "uninitialized", category=UserWarning)
+
+
 @contextlib.contextmanager
-def _plain_errors() -> Iterator[None]:
+def plain_errors() -> Iterator[None]:
     """DCP raises a CheckpointException, a BaseException holding each failed rank's error:
     raise the lowest failed rank's own error instead (a full disk keeps its errno; callers
     that catch Exception see it)."""
@@ -196,7 +223,7 @@ def _plain_errors() -> Iterator[None]:
         raise RuntimeError(f"torch.distributed.checkpoint failed: {exc}") from None
 
 
-def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Give a fresh optimizer its state tensors (AdamW makes them at its first step) by one
     step at lr 0 on zero gradients, which leaves the weights as they are; the load overwrites
     the state. The gradients and learning rates are put back as they were (the replicated
@@ -245,6 +272,31 @@ class _IndexUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP index")
 
 
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's load planner, but the values of a checkpoint that are not tensors (the
+    optimizer's settings: lr, betas, its parameters' names) are unpickled by torch's
+    restricted loader: DCP's own unpickles them unrestricted, so a crafted checkpoint ran code
+    on load. A refused value is a ValueError naming the folder and the key."""
+
+    def __init__(self, folder: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._folder = folder
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        key = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{self._folder}: refused to load {key}: it holds objects beyond "
+                             f"tensors and plain containers, and loading it could run code "
+                             f"({exc})") from None
+        # DCP places the value (it unpickles again, but what it reads is ours now)
+        safe = io.BytesIO()
+        torch.save(obj, safe)
+        safe.seek(0)
+        super().load_bytes(read_item, safe)
+
+
 class SafeReader(FileSystemReader):
     """DCP's file reader with the index read by :class:`_IndexUnpickler`; tensors it already
     reads with torch's weights-only loader. A refused or unreadable index is a ValueError.
@@ -256,17 +308,25 @@ class SafeReader(FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path,
                                 []).append(item)
-        if len(per_file) <= 1:
-            return super().read_data(plan, planner)
 
-        def read(items: list[Any]) -> None:
+        def read(name: str) -> None:
             # One file's items; the planner places each into its own tensor (distinct keys).
-            FileSystemReader.read_data(self, dataclasses.replace(plan, items=items),
-                                       planner).wait()
+            try:
+                FileSystemReader.read_data(
+                    self, dataclasses.replace(plan, items=per_file[name]), planner).wait()
+            except (EOFError, RuntimeError, pickle.UnpicklingError) as exc:
+                if out_of_memory(exc):
+                    raise
+                raise ValueError(f"{Path(self.path) / name}: not a readable checkpoint file "
+                                 f"({type(exc).__name__}: {exc})") from None
 
-        with ThreadPoolExecutor(min(READ_THREADS, len(per_file)),
-                                thread_name_prefix="checkpoint-read") as pool:
-            list(pool.map(read, per_file.values()))
+        if len(per_file) <= 1:
+            for name in per_file:
+                read(name)
+        else:
+            with ThreadPoolExecutor(min(READ_THREADS, len(per_file)),
+                                    thread_name_prefix="checkpoint-read") as pool:
+                list(pool.map(read, per_file))
         done: torch.futures.Future = torch.futures.Future()
         done.set_result(None)
         return done

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import ray
@@ -43,10 +44,14 @@ _LEAST_WAIT_S = 2.0
 
 class ActorGroup:
     def __init__(self, job: JobConfig, resolved: ResolvedJob, dataset: ChatDataset,
-                 resume: Optional[ResumePoint] = None) -> None:
+                 resume: Optional[ResumePoint] = None,
+                 checkpoint: Optional[Path] = None) -> None:
+        """``checkpoint``: the folder ``resume`` comes from, which the driver loads into the
+        drafters once they are up; they read it ahead while they start."""
         self.job = job
         self.r = resolved
         self.resume = resume
+        self.checkpoint = checkpoint
         # The driver's encoded training set, put in the object store on the first start and
         # handed to every prefetcher this group starts: none reads or encodes the file again.
         self._dataset = dataset
@@ -146,11 +151,12 @@ class ActorGroup:
         self._clear()
         remove_dead_manager_folders()  # of actors killed before their close, now or earlier
 
-    def restart(self, resume: Optional[ResumePoint], after_failure: bool = False) -> PlanSummary:
-        """The whole set again, planning from ``resume``; load its checkpoint after this."""
+    def restart(self, resume: Optional[ResumePoint], after_failure: bool = False,
+                checkpoint: Optional[Path] = None) -> PlanSummary:
+        """The whole set again, planning from ``resume``; load its ``checkpoint`` after this."""
         t0 = time.perf_counter()
         self.close(after_failure)
-        self.resume = resume
+        self.resume, self.checkpoint = resume, checkpoint
         try:
             plan = self.start()
             self.phases = {"actor set closed and started": time.perf_counter() - t0}
@@ -160,8 +166,9 @@ class ActorGroup:
             raise
         return plan
 
-    def restart_after_loss(self, lost: str, resume: Optional[ResumePoint]) -> PlanSummary:
-        """Restart what a lost actor takes down; load the checkpoint after this.
+    def restart_after_loss(self, lost: str, resume: Optional[ResumePoint],
+                           checkpoint: Optional[Path] = None) -> PlanSummary:
+        """Restart what a lost actor takes down; load ``checkpoint`` (``resume``'s) after this.
 
         A lost drafter restarts the drafters only: the survivors may sit in an all-reduce that
         never completes and the process group must be formed again, but the targets (the
@@ -171,11 +178,11 @@ class ActorGroup:
         """
         self.phases = {}
         if lost not in self.drafter_names():
-            return self.restart(resume, after_failure=True)
+            return self.restart(resume, after_failure=True, checkpoint=checkpoint)
         t0 = time.perf_counter()
         kill_actors(self.drafters)
         self.drafters, self.drafter_node = [], []
-        self.resume = resume
+        self.resume, self.checkpoint = resume, checkpoint
         try:
             self.plan = plan = ray.get(self.prefetcher.replan.remote(resume))
             self.phases["drafters killed and data re-planned"] = time.perf_counter() - t0
@@ -302,8 +309,16 @@ class ActorGroup:
                 options=job.drafter, optim=job.train.optim, seed=job.train.seed,
                 target_path=r.target_path, device=r.device, autocast_dtype=r.autocast_dtype,
                 feature_dtype=r.target_dtype, feature_numel=self._slot_numel,
-                total_steps=plan.end_step, packing=packing_of(job)))
+                total_steps=plan.end_step, packing=packing_of(job),
+                checkpoint=self._read_ahead()))
             self.drafter_node.append(n)
+
+    def _read_ahead(self) -> Optional[str]:
+        """The checkpoint the drafters will load, for them to read while they start
+        (train.checkpoint.read_ahead)."""
+        if self.checkpoint is None or not self.job.train.checkpoint.read_ahead:
+            return None
+        return str(self.checkpoint)
 
 
 def _within(limit_s: float, deadline: Optional[float]) -> float:

@@ -62,6 +62,7 @@ POLICY: dict[str, Dispatch] = {
     "startup_seconds": Dispatch.RANK_ZERO,
     "init_group": Dispatch.EVERY_RANK_AGREED,
     "load_checkpoint": Dispatch.EVERY_RANK_AGREED,
+    "load_seconds": Dispatch.RANK_ZERO,
     # A save through torch.distributed.checkpoint is entered by every rank (each plans, the
     # writing ranks write); the owner's records cover the whole save.
     "save_checkpoint": Dispatch.EVERY_RANK,
@@ -138,6 +139,10 @@ class DrafterGroup:
     def load_checkpoint(self, folder: str) -> int:
         """The steps done the checkpoint in ``folder`` holds."""
         return self._blocking("load_checkpoint", folder)
+
+    def load_seconds(self) -> dict[str, float]:
+        """Rank 0's last load, part by part (the "resumed from" log line)."""
+        return self._blocking("load_seconds")
 
     # -- outputs ----------------------------------------------------------------------------
     def save_checkpoint_ref(self, folder: str) -> Any:

@@ -114,7 +114,8 @@ class Driver:
             ckpt.clean_stale(self.out_dir)
             # The evaluator is launched first and built while the training actors start.
             with TauEvaluator(self.job, self.r, self._prompts, self.eval_worker) as evaluator, \
-                    ActorGroup(self.job, self.r, self.data.train, self.resume) as actors:
+                    ActorGroup(self.job, self.r, self.data.train, self.resume,
+                               self.resume_from) as actors:
                 evaluator.wait_ready()
                 self.actors = actors
                 self.evaluator = evaluator
@@ -141,7 +142,9 @@ class Driver:
         step = actors.load_checkpoint(str(path))
         assert point is not None and step == point.step, \
             f"checkpoint step mismatch: {step} != {point}"
-        log.info("resumed from %s at step %d", path, step)
+        parts = actors.drafter_group.load_seconds()
+        log.info("resumed from %s at step %d (drafter rank 0: %s)", path, step,
+                 ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()))
 
     def _run(self, actors: ActorGroup, t_start: float) -> RunSummary:
         job, plan = self.job, actors.plan
@@ -204,7 +207,7 @@ class Driver:
         summary.restarts.append(recovery)
         log.error("%s (restart %d of %d)", recovery.line(), len(summary.restarts),
                   self.job.train.recovery.max_restarts)
-        actors.restart_after_loss(recovery.actor, point)  # fills actors.phases
+        actors.restart_after_loss(recovery.actor, point, path)  # fills actors.phases
         t0 = time.time()
         self._load_checkpoint(actors, path, point)
         recovery.restarted_at = time.time()

@@ -11,7 +11,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -39,8 +39,11 @@ from pipeline.workers.common import (StartupClock, actor_device, on_main_thread,
 from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
 from pipeline.workers.weights import Weights, weights_of
 
+if TYPE_CHECKING:
+    from pipeline.checkpoint.read_ahead import ReadAhead
+
 # pipeline.checkpoint.sharded (DCP, DTensor: most of a CPU-second to import) is imported where
-# a checkpoint is saved or loaded: a drafter of a job that never saves never pays for it.
+# a checkpoint is saved, loaded or read ahead: a drafter of a job that never saves never pays.
 
 
 class DrafterWorker:
@@ -48,15 +51,18 @@ class DrafterWorker:
                  options: DrafterConfig, optim: OptimConfig, seed: int, target_path: str,
                  device: str, autocast_dtype: Optional[torch.dtype], feature_dtype: torch.dtype,
                  feature_numel: int, total_steps: int,
-                 packing: Optional[Packing] = None) -> None:
+                 packing: Optional[Packing] = None, checkpoint: Optional[str] = None) -> None:
         """Keyword-only: ``autocast_dtype`` (drafter compute) and ``feature_dtype`` (what the
-        target hands over) are both bfloat16 on CUDA, so a swap by position would go unseen."""
+        target hands over) are both bfloat16 on CUDA, so a swap by position would go unseen.
+        ``checkpoint``: the folder :meth:`load_checkpoint` will be given, read into host
+        memory while this drafter starts (pipeline/checkpoint/read_ahead.py)."""
         clock = StartupClock()
         self.rank = rank
         self.world_size = world_size
         self.device = actor_device(device)
         torch.empty(1, device=self.device)  # the CUDA context is made here, not in the build
         clock.mark("device ready")
+        self.read_ahead = self._read_ahead(checkpoint, rank, options)
         head = load_target_head(target_path)
         clock.mark("target head read")
         self.trainer = DrafterTrainer(spec, options, optim, seed, head,
@@ -71,6 +77,17 @@ class DrafterWorker:
         self.saver: Optional[AsyncSaver] = None  # with the process group (init_group)
         clock.mark("rest")
         self.startup = clock.parts
+        self.load_parts: dict[str, float] = {}
+
+    def _read_ahead(self, checkpoint: Optional[str], rank: int,
+                    options: DrafterConfig) -> Optional[ReadAhead]:
+        """Not under fsdp (a rank reads only its shards, known once the group is formed).
+        Pinned where this rank writes checkpoints: the tensors become its save buffers."""
+        if checkpoint is None or options.parallel == "fsdp":
+            return None
+        from pipeline.checkpoint.read_ahead import ReadAhead  # imports DCP: see the top
+
+        return ReadAhead.start(Path(checkpoint), pin=self.device.type == "cuda" and rank == 0)
 
     def startup_seconds(self) -> dict[str, float]:
         """The constructor's parts (:class:`~pipeline.workers.common.StartupClock`): a start's
@@ -101,7 +118,9 @@ class DrafterWorker:
         does not pay for them inside the step loop."""
         pool = None
         if self.trainer.sharded is not None or self.rank == 0:
-            pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda")
+            # A checkpoint being read ahead is loaded first: its tensors join the pool then.
+            pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda",
+                            fill=self.read_ahead is None)
         return AsyncSaver(pool, group, owner=self.rank == 0, threads=write_threads)
 
     def attach(self, handles: Sequence[RingHandle]) -> None:
@@ -180,6 +199,10 @@ class DrafterWorker:
         from pipeline.checkpoint import sharded  # see the top
 
         path = Path(folder)
+        t0 = time.perf_counter()
+        host = self.read_ahead.take(path) if self.read_ahead is not None else None
+        self.read_ahead = None
+        waited = time.perf_counter() - t0
         try:
             if (path / sharded.LEGACY_FILE).is_file():
                 self.trainer.load_state_dict(load_state(path / sharded.LEGACY_FILE))
@@ -187,14 +210,29 @@ class DrafterWorker:
                 with sharded.shards_in_place(self.trainer.model,
                                              self.trainer.sharded is not None):
                     sharded.load(self.trainer.model, self.trainer.optimizer, path,
-                                 self.saver.group if self.saver is not None else None)
+                                 self.saver.group if self.saver is not None else None, host)
                 self.trainer.load_rest_state(load_state(path / TRAINER_FILE))
         except (RuntimeError, MemoryError) as exc:
             if not out_of_memory(exc):
                 raise
             raise MemoryError(f"drafter {self.rank}: out of {self.device.type} memory while "
                               f"loading {path} (its files checked out): {exc}") from exc
+        loaded = time.perf_counter() - t0 - waited
+        self.load_parts = {"waited for the read-ahead": waited,
+                           "copied from host memory": loaded} if host is not None else \
+            {"read from the files": loaded}
+        pool = self.saver.pool if self.saver is not None else None
+        if pool is not None:
+            if host is not None:  # what the load left unused becomes save buffers
+                pool.release([t for t in host.spare(self.trainer.optimizer)
+                              if t.is_pinned() == pool.pin])
+            pool.fill()
         return self.trainer.steps_done
+
+    def load_seconds(self) -> dict[str, float]:
+        """The last load's parts: from a read-ahead (waited for, then copied into place) or
+        from the files; the driver's "resumed from" line says them."""
+        return dict(self.load_parts)
 
     def _checkpoint_specs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """The big tensors of a snapshot: each weight and AdamW's two moments of it (the

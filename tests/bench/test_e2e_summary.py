@@ -27,6 +27,8 @@ LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written 
        "checkpoint runs/checkpoints/step_00000200 (held training 0.70s, written and verified "
        "in 19.5s beside it)\n"
        "lost drafter 0 (node 0) at 12:00:00; resuming from step 100 (restart 1 of 2)\n"
+       "resumed from runs/checkpoints/step_00000100 at step 100 (drafter rank 0: waited for "
+       "the read-ahead 0.3s, copied from host memory 1.2s)\n"
        "actor set restarted 19.5s after the loss (drafters killed and data re-planned 0.2s, "
        "drafters built 9.1s, process group and rings 2.0s, checkpoint loaded 8.2s)\n"
        "[pipeline.driver.actors][INFO] - drafter rank 0 up 9.0s after it was asked for (before its "
@@ -57,6 +59,8 @@ def test_figures_follow_from_the_rows():
     assert out["drafter_starts_s"] == [{
         "up": 9.0, "before its constructor": 4.5, "device ready": 1.5, "target head read": 1.0,
         "drafter built": 2.0, "rest": 0.0}]
+    assert out["checkpoint_loads_s"] == [{"waited for the read-ahead": 0.3,
+                                          "copied from host memory": 1.2}]
 
 
 def test_resumed_ok_is_false_when_the_repeated_losses_differ():

@@ -67,6 +67,10 @@ class Replica:
         self._called("load_checkpoint")
         return self.steps_done
 
+    def load_seconds(self):
+        self._called("load_seconds")
+        return {"read from the files": float(self.rank)}
+
     def save_checkpoint(self, folder):
         self._called("save_checkpoint")
         return float(self.rank)
@@ -97,6 +101,7 @@ def _use_every_method(group):
            "startup_seconds": group.startup_seconds(),
            "init_group": group.init_group("host", 1, 5.0),
            "load_checkpoint": group.load_checkpoint("ckpt"),
+           "load_seconds": group.load_seconds(),
            "save_checkpoint": group.save_checkpoint_ref("staging"),
            "wait_saves": group.wait_saves(),
            "weights": group.weights_ref(),
@@ -118,11 +123,13 @@ def test_every_rank_saves_and_the_owner_alone_exports_and_hands_out_weights():
     assert log == [(0, "master_address"), (0, "startup_seconds"),
                    (0, "init_group"), (1, "init_group"), (2, "init_group"),
                    (0, "load_checkpoint"), (1, "load_checkpoint"), (2, "load_checkpoint"),
+                   (0, "load_seconds"),
                    (0, "save_checkpoint"), (1, "save_checkpoint"), (2, "save_checkpoint"),
                    (0, "wait_saves"), (1, "wait_saves"), (2, "wait_saves"),
                    (OWNER_RANK, "weights"), (OWNER_RANK, "export")]
     assert got["master_address"] == "address of 0" and got["load_checkpoint"] == 4
     assert got["startup_seconds"] == {"drafter built": 0.0}
+    assert got["load_seconds"] == {"read from the files": 0.0}
     assert got["save_checkpoint"] == Ref(0.0) and got["weights"] == Ref({"rank": 0})
     assert got["wait_saves"] == ("saves of 0",) and got["export"] == "out/0"
     assert calls.joins == 1, "the save's refs of every rank are joined into one"

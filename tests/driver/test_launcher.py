@@ -119,7 +119,7 @@ def test_a_driver_on_a_gpu_host_trains_on_the_cpu_cluster(cpu_ray, tiny_assets, 
     driver = Driver(compose_job(["cluster.device=auto", f"train.out_dir={tmp_path}"]))
     assert driver.r.device == "cuda"  # this host's guess, before Ray
 
-    def started(job, r, dataset, resume):
+    def started(job, r, dataset, resume, checkpoint):
         raise _Started(r)
     monkeypatch.setattr(job_module, "ActorGroup", started)
     with pytest.raises(_Started) as got:

@@ -61,7 +61,8 @@ def killed_three_times(ray_cluster, small_train_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("recovery") / "run"
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
                                         f"train.out_dir={out}", "train.recovery.max_restarts=3",
-                                        "train.checkpoint.keep_last=2"]))
+                                        "train.checkpoint.keep_last=2",
+                                        "train.checkpoint.read_ahead=true"]))
     seen = []
 
     def watch(done):  # which target and prefetcher trained each step (before any kill there)
@@ -113,6 +114,18 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
         assert sum(rec.phases.values()) <= rec.restarted_at - rec.detected_at
         assert "checkpoint loaded" in log
         assert f"lost {rec.actor}" in log
+        assert f"resuming from step {rec.resumed_step}" in log
+        logging.getLogger(__name__).warning(
+            "%s killed by %s after step %d: seen after %.1fs, actors up again after %.1fs, "
+            "training again after %.1fs (from the kill), resumed from step %d", kind, how, step,
+            rec.detected_at - killed_at, rec.restarted_at - killed_at,
+            rec.training_at - killed_at, rec.resumed_step)
+    # Each restart's drafters were told the checkpoint they load, and read it while starting.
+    loads = re.findall(r"resumed from \S+ at step (\d+) \(drafter rank 0: (.*)\)", log)
+    assert [int(step) for step, _ in loads] == [r.resumed_step for r in summary.restarts
+                                                if r.resumed_step]
+    assert all(re.fullmatch(r"waited for the read-ahead [0-9.]+s, copied from host memory "
+                            r"[0-9.]+s", parts) for _, parts in loads), loads
     # Drafter rank 0's start-up, at the job's start and after each restart (every kind restarts
     # the drafters): its parts in order, adding up to the time since it was asked for.
     ups = re.findall(r"drafter rank 0 up ([0-9.]+)s after it was asked for \((.*)\)", log)
@@ -124,12 +137,6 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
             "rest"], listed
         # Each figure rounded to 0.1 s: the parts add up to the whole within the roundings.
         assert abs(sum(float(v) for _, v in parts) - float(up)) <= 0.05 * (len(parts) + 1)
-        assert f"resuming from step {rec.resumed_step}" in log
-        logging.getLogger(__name__).warning(
-            "%s killed by %s after step %d: seen after %.1fs, actors up again after %.1fs, "
-            "training again after %.1fs (from the kill), resumed from step %d", kind, how, step,
-            rec.detected_at - killed_at, rec.restarted_at - killed_at,
-            rec.training_at - killed_at, rec.resumed_step)
     # Both epochs complete, each sample trained exactly once in each, and the line says so.
     assert summary.end_step == 12 and len(summary.losses) == 12
     assert [a.epoch for a in summary.accounts] == [0, 1]
