@@ -5,7 +5,7 @@
     python -m bench.decode_static --model qwen3_8b_random --prompts 512 --max-new-tokens 256 \
         --batch 256 --device cuda --out /tmp/decode_8b.json
 
-Runs (``--runs``, in order): ``static`` (pipeline.regen.static_decoder with CUDA graphs), ``static_eager``
+Runs (``--runs``, in order): ``static`` (pipeline.regen.static_engine with CUDA graphs), ``static_eager``
 (the same, uncaptured), ``hf`` (``generate``, left-padded batches of ``--batch``) and
 ``hf_static`` (``generate`` with ``cache_implementation="static"``; off by default). Each
 reports generated tokens (answers cut after their first stop token, stop included), wall
@@ -113,7 +113,7 @@ def hf_generate(model, prompts, max_new, stops, batch, pad_id, static_cache=Fals
 
 def run_one(name, model, prompts, max_new, stops, batch, pad_id, args):
     """One run's answers; for the static runs also its engine's split of the time."""
-    from pipeline.regen.static_decoder import StaticEngine
+    from pipeline.regen.static_engine import StaticEngine
 
     if name in ("static", "static_eager"):
         engine = StaticEngine(model, batch, cuda_graphs=name == "static",
@@ -165,7 +165,7 @@ def _lengths(prompts) -> dict:
 def sustained_run(args, model, prompts, stops) -> dict:
     """Many more prompts than rows on one kept engine: setup (cache, captures, a first wave of
     ``--sustained-batch`` prompts) timed apart from the sustained decode of all of them."""
-    from pipeline.regen.static_decoder import StaticEngine
+    from pipeline.regen.static_engine import StaticEngine
 
     rows = args.sustained_batch or args.batch
     engine = StaticEngine(model, rows, sync_every=args.sync_every, refill_rows=args.refill_rows,

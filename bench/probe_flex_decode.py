@@ -18,7 +18,7 @@ import tempfile
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.regen.static_decoder import StaticEngine
+from pipeline.regen.static_engine import StaticEngine
 from tests.gpu.test_static_decoder_gpu import MAX_NEW, _generate, _tiny_llama
 
 

@@ -3,7 +3,7 @@
 A static cache holds ``rows x columns`` token slots per layer, sized for the longest prompt of
 a call: one prompt of 6k tokens among thousands of 300 would multiply the cache by twenty at
 the same rows. The engine therefore keeps its main cache within a budget and decodes the few
-prompts that do not fit it apart, on a cache of fewer rows (:mod:`pipeline.regen.static_decoder`).
+prompts that do not fit it apart, on a cache of fewer rows (:mod:`pipeline.regen.static_engine`).
 """
 
 from __future__ import annotations

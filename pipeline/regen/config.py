@@ -23,7 +23,7 @@ class RegenConfig:
     num_workers: int = 1  # generator actors; one GPU each on cuda
     device: str = "auto"  # auto: cuda when the Ray cluster has GPUs
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    # static: our static-cache engine (pipeline/regen/static_decoder.py: rows refilled as
+    # static: our static-cache engine (pipeline/regen/static_engine.py: rows refilled as
     # they finish, the decode step a CUDA graph); cb: transformers' continuous-batching
     # engine; generate: left-padded generate() batches (the measured baseline). static and
     # cb fall back to generate, with a log line, where they cannot serve the model.

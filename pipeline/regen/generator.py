@@ -42,11 +42,11 @@ class GeneratorWorker:
             self.cb = self._start_cb(cb_options or CbOptions())
         self.engine = "cb" if self.cb is not None else "generate"
         # One static decoder for the worker's life: its cache and captured graphs serve
-        # every call that fits them (pipeline.regen.static_decoder.StaticEngine).
+        # every call that fits them (pipeline.regen.static_engine.StaticEngine).
         self.static = None
         if engine == "static" and self._static_serves():
             from pipeline.regen.static_attention import resolve_attention
-            from pipeline.regen.static_decoder import StaticEngine
+            from pipeline.regen.static_engine import StaticEngine
 
             self.engine = "static"
             param = next(self.model.parameters())

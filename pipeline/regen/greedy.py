@@ -149,7 +149,7 @@ def ensure_pad_token(tokenizer) -> int:
 def static_round(engine, tokenizer, prompts: Sequence[str], config: GenerationConfig,
                  stops: Sequence[int]) -> list[TurnResult]:
     """Greedy answers to rendered prompts on the static-cache engine
-    (:class:`pipeline.regen.static_decoder.StaticEngine`, kept by the worker from call to
+    (:class:`pipeline.regen.static_engine.StaticEngine`, kept by the worker from call to
     call): no padding, finished rows refilled."""
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     answers = engine.decode(ids, config.max_new_tokens, set(stops))

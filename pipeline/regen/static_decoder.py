@@ -1,23 +1,17 @@
-"""Greedy decoding with continuous batching on a static KV cache (the ``static`` regen engine).
+"""The static-cache decoder: a KV cache allocated once, one request per row, and a decode step
+that runs every row at its own position (captured as CUDA graphs on CUDA).
 
-    from pipeline.regen.static_decoder import StaticEngine, greedy_decode
-    answers = greedy_decode(model, prompts, max_new_tokens=256, stops={2}, batch_size=512)
-    engine = StaticEngine(model, batch_size=512)         # kept across calls (one per worker)
-    answers = engine.decode(prompts, max_new_tokens=256, stops={2})
-
-Shape (as gpt-fast and vLLM): a KV cache allocated once for ``batch_size`` rows; each row holds
-one request; one decode step runs every row at once at its own position (RoPE position ids, a
-K/V write at that position, a mask over that row's prefix). On CUDA the step is captured as a
+:class:`StaticDecoder` holds the cache (pipeline/regen/static_cache.py), the per-row state on
+device and the step; pipeline/regen/static_engine.py sizes it, keeps it from call to call and
+feeds it prompts. Shape (as gpt-fast and vLLM): each decode step writes K/V at every row's own
+position (RoPE position ids, a mask over that row's prefix); on CUDA the step is captured as a
 CUDA graph, one per attention span bucket, with the argmax and the bookkeeping (tokens out,
-counts, stop check) inside, so ``sync_every`` steps replay without a host sync. Attention
-runs through ``static_attention`` (grouped query heads against the cache, no copy of it). At each sync
-finished rows (a stop token, or ``max_new_tokens``) are collected and refilled with waiting
-prompts, prefilled together and written into the freed rows: the batch stays full.
-
-:class:`StaticEngine` keeps one :class:`StaticDecoder` (cache and captured graphs) from call to
-call, and builds a larger one (one log line) only when a call needs more rows, columns or new
-tokens than it has; stop tokens and ``max_new_tokens`` are device tensors the graphs read, so
-changing them recaptures nothing.
+counts, stop check) inside, so ``sync_every`` steps replay without a host sync. Attention runs
+through ``static_attention`` (grouped query heads against the cache, no copy of it). At each
+sync finished rows (a stop token, or ``max_new_tokens``) are collected and refilled with
+waiting prompts, prefilled together and written into the freed rows: the batch stays full.
+Stop tokens and ``max_new_tokens`` are device tensors the graphs read, so changing them
+recaptures nothing.
 
 Each answer holds the generated ids up to and including the first stop token, as a row of
 ``model.generate`` does before its padding; ``pipeline.regen.greedy.cut_at_stop`` cuts it the same.
@@ -33,11 +27,8 @@ from typing import Sequence
 import torch
 
 from pipeline.model.cache_keyword import cache_keyword
-from pipeline.regen.cache_budget import (LONG_SHARE, MAIN_SHARE, columns_within, free_bytes,
-                                         rows_within, slot_bytes)
-from pipeline.regen.static_attention import (ATTENTIONS, check_attention, decode_block_mask,
-                                             swapped)
-from pipeline.regen.static_cache import RowCache, check_supported
+from pipeline.regen.static_attention import decode_block_mask
+from pipeline.regen.static_cache import RowCache
 
 log = logging.getLogger(__name__)
 
@@ -47,186 +38,9 @@ STOP_SLOTS = 8  # stop ids the step compares against (padded with -1); more rebu
 COMPILE_BACKEND = "inductor"
 
 
-def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  stops: set[int] | Sequence[int], *, batch_size: int,
-                  max_length: int | None = None, cuda_graphs: bool = True,
-                  sync_every: int = 8, prefill_tokens: int = 16384,
-                  span_bucket: int = 128, refill_rows: int | None = None,
-                  attention: str = "sdpa", cache_gb: float | None = None,
-                  compile_step: bool = False) -> list[list[int]]:
-    """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order, on
-    a decoder built for this call alone (see :class:`StaticEngine` for the knobs)."""
-    engine = StaticEngine(model, batch_size, cuda_graphs=cuda_graphs, sync_every=sync_every,
-                          prefill_tokens=prefill_tokens, span_bucket=span_bucket,
-                          refill_rows=refill_rows, attention=attention, cache_gb=cache_gb,
-                          compile_step=compile_step)
-    return engine.decode(prompts, max_new_tokens, stops, max_length=max_length)
-
-
-def _aligned(columns: int, multiple: int = 16) -> int:
+def aligned_columns(columns: int, multiple: int = 16) -> int:
+    """``columns`` rounded up to a multiple of ``multiple`` (the cache's width)."""
     return -(-columns // multiple) * multiple
-
-
-class StaticEngine:
-    """One model's static decoder, kept between calls.
-
-    ``batch_size`` bounds the cache's rows; ``cuda_graphs`` captures the decode step where the
-    model is on CUDA (on CPU the same step runs uncaptured); ``prefill_tokens`` bounds a prefill
-    group's padded tokens; finished rows are refilled once ``refill_rows`` of them are free
-    (default: 1/8 of the rows) or no more are waiting; attention spans are rounded up to
-    ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
-    attention (``static_attention.ATTENTIONS``). ``compile_step``: the decode step's forward
-    through ``torch.compile`` (varlen attention only, see :func:`compiled_forward`).
-    ``timing``: wait for the device around prefills and captures, so ``last_stats`` splits
-    setup from decoding (benches).
-    ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
-    memory free at the first call; unbounded on CPU): its columns are what ``batch_size`` rows
-    hold within it, and a call's prompts too long for them are decoded apart, after the rest,
-    on an uncaptured, uncompiled decoder of as many rows as fit (one log line).
-    """
-
-    def __init__(self, model, batch_size: int, *, cuda_graphs: bool = True, sync_every: int = 8,
-                 prefill_tokens: int = 16384, span_bucket: int = 128,
-                 refill_rows: int | None = None, attention: str = "sdpa",
-                 timing: bool = False, cache_gb: float | None = None,
-                 compile_step: bool = False) -> None:
-        check_supported(model)
-        for key, value in (("batch_size", batch_size), ("sync_every", sync_every),
-                           ("prefill_tokens", prefill_tokens), ("span_bucket", span_bucket)):
-            if value < 1:
-                raise ValueError(f"{key} must be >= 1, got {value}")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention {attention!r}: allowed {', '.join(ATTENTIONS)}")
-        if compile_step and attention != "varlen":
-            raise ValueError(f"compile_step needs attention varlen (one compiled shape serves "
-                             f"every span), not {attention}")
-        if cache_gb is not None and cache_gb <= 0:
-            raise ValueError(f"cache_gb must be > 0, got {cache_gb}")
-        self.model, self.batch_size = model, batch_size
-        param = next(model.parameters())
-        check_attention(attention, param.device, param.dtype)
-        self.device, self.per_slot = param.device, slot_bytes(model.config, param.dtype)
-        self.cache_budget = None if cache_gb is None else int(cache_gb * 1e9)
-        self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
-        self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
-        self.refill_rows, self.attention, self.timing = refill_rows, attention, timing
-        self.compile_step = compile_step
-        self.decoder: StaticDecoder | None = None
-        self.builds = 0
-        self.last_stats: dict = {}
-
-    def decode(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-               stops: set[int] | Sequence[int], *, max_length: int | None = None
-               ) -> list[list[int]]:
-        """Each prompt's greedy answer, in prompt order. ``max_length`` (the cache's columns
-        per row) must hold the longest prompt plus ``max_new_tokens - 1`` (the last token is
-        never fed back); by default exactly that, grown as later calls need."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        prompts = [list(map(int, p)) for p in prompts]
-        empty = [i for i, p in enumerate(prompts) if not p]
-        if empty:
-            raise ValueError(f"static decoder: prompt {empty[0]} is empty ({len(empty)} empty prompts)")
-        if not prompts:
-            return []
-        need = max(len(p) for p in prompts) + max_new_tokens - 1
-        if max_length is not None and max_length < need:
-            raise ValueError(f"max_length {max_length} cannot hold the longest prompt "
-                             f"({max(len(p) for p in prompts)} tokens) plus max_new_tokens "
-                             f"{max_new_tokens} - 1 = {need}")
-        stops = sorted({int(s) for s in stops})
-        limit = None if max_length is not None else self._column_limit()
-        needs = [len(p) + max_new_tokens - 1 for p in prompts]
-        main = [i for i, n in enumerate(needs) if limit is None or n <= limit]
-        long = [i for i, n in enumerate(needs) if limit is not None and n > limit]
-        answers: list = [None] * len(prompts)
-        self.last_stats = {}
-        if main:
-            decoder = self._fit(min(self.batch_size, len(main)),
-                                max_length or max(needs[i] for i in main), max_new_tokens,
-                                stops, limit)
-            for i, answer in zip(main, self._run(decoder, [prompts[i] for i in main])):
-                answers[i] = answer
-            self.last_stats = dict(decoder.stats, builds=self.builds)
-        if long:
-            found = self._decode_long([prompts[i] for i in long], max_new_tokens, stops, limit)
-            for i, answer in zip(long, found):
-                answers[i] = answer
-        return answers
-
-    def _run(self, decoder: "StaticDecoder", prompts: list[list[int]]) -> list[list[int]]:
-        refill = max(1, decoder.rows // 8) if self.refill_rows is None else self.refill_rows
-        if not 1 <= refill <= decoder.rows:
-            raise ValueError(f"refill_rows must be in [1, {decoder.rows}] (the rows in use), "
-                             f"got {refill}")
-        with torch.no_grad(), swapped(self.model, self.attention):
-            return decoder.run(prompts, self.sync_every, refill)
-
-    def _column_limit(self) -> int | None:
-        """The kept cache's most columns at ``batch_size`` rows; None when unbounded."""
-        if self.cache_budget is None:
-            free = free_bytes(self.device)
-            if free is None:
-                return None
-            self.cache_budget = int(MAIN_SHARE * free)
-        return columns_within(self.cache_budget, self.batch_size, self.per_slot)
-
-    def _decode_long(self, prompts: list[list[int]], max_new: int, stops: list[int],
-                     limit: int) -> list[list[int]]:
-        """Prompts too long for the kept cache, on a cache of their own, freed after."""
-        columns = _aligned(max(len(p) for p in prompts) + max_new - 1)
-        free = free_bytes(self.device)
-        budget = None if free is None else int(LONG_SHARE * free)
-        rows = rows_within(budget, columns, self.per_slot, min(self.batch_size, len(prompts)))
-        if rows < 1:
-            raise ValueError(f"static decoder: a prompt of {max(len(p) for p in prompts)} "
-                             f"tokens plus {max_new} new ones needs "
-                             f"{columns * self.per_slot / 1e9:.2f} GB of KV cache for one row; "
-                             f"{(budget or 0) / 1e9:.2f} GB are free")
-        log.info("static decoder: %d of the call's prompts (up to %d tokens) do not fit the "
-                 "kept cache's %d columns at %d rows: decoded apart, %d rows at a time",
-                 len(prompts), max(len(p) for p in prompts), limit, self.batch_size, rows)
-        decoder = StaticDecoder(self.model, rows, columns, max_new, stops, cuda_graphs=False,
-                                prefill_tokens=self.prefill_tokens, span_bucket=self.span_bucket,
-                                timing=self.timing, attention=self.attention)
-        answers = self._run(decoder, prompts)
-        self.last_stats["long"] = dict(decoder.stats, prompts=len(prompts), rows=rows)
-        del decoder
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return answers
-
-    def _fit(self, rows: int, length: int, max_new: int, stops: list[int],
-             limit: int | None) -> "StaticDecoder":
-        """The kept decoder when it has room for this call (stops and the new-token limit set
-        in place), else a larger one built in its stead, of at most ``limit`` columns."""
-        old = self.decoder
-        if (old is not None and old.rows >= rows and old.capacity >= length
-                and old.out.shape[1] > max_new and len(stops) <= old.stops.numel()):
-            old.set_limits(max_new, stops)
-            return old
-        if old is not None:
-            rows, length = max(rows, old.rows), max(length, old.max_length)
-            max_new = max(max_new, old.out.shape[1] - 1)
-            self.decoder = old = None  # its cache freed before the new one is allocated
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        # Columns rounded up to a span bucket: a later call with a slightly longer prompt
-        # then fits, instead of costing a new cache and new captures.
-        length = _aligned(length, self.span_bucket)
-        if limit is not None:
-            length = min(length, limit)
-        self.decoder = StaticDecoder(self.model, rows, length, max_new, stops,
-                                     cuda_graphs=self.cuda_graphs,
-                                     prefill_tokens=self.prefill_tokens,
-                                     span_bucket=self.span_bucket, timing=self.timing,
-                                     attention=self.attention, compile_step=self.compile_step)
-        self.builds += 1
-        if self.builds > 1:
-            log.info("static decoder: rebuilt for %d rows x %d columns, %d new tokens, %d stop "
-                     "ids (build %d): its graphs are captured again", rows,
-                     self.decoder.capacity, max_new, len(stops), self.builds)
-        return self.decoder
 
 
 def compiled_forward(body):
@@ -265,7 +79,7 @@ class StaticDecoder:
             log.info("static decoder: model on %s, decode step runs uncaptured", self.device)
         # Columns in multiples of 16: SDPA's memory-efficient kernel wants the mask's last
         # dimension aligned, and would otherwise copy it (or fall back to the math kernel).
-        self.capacity = _aligned(max_length)
+        self.capacity = aligned_columns(max_length)
         self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device,
                               token_major=attention == "varlen")
         dev = self.device
@@ -383,7 +197,7 @@ class StaticDecoder:
             start = end
 
     def _prefill_group(self, rows: list[int], prompts: list[list[int]], width: int) -> None:
-        dev, n, width = self.device, len(prompts), min(_aligned(width), self.capacity)
+        dev, n, width = self.device, len(prompts), min(aligned_columns(width), self.capacity)
         ids = torch.zeros(n, width, dtype=torch.long)
         for j, p in enumerate(prompts):
             ids[j, :len(p)] = torch.tensor(p)

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from pipeline.regen.cache_budget import slot_bytes
-from pipeline.regen.static_decoder import greedy_decode
+from pipeline.regen.static_engine import greedy_decode
 
 MAX_NEW = 12
 
@@ -64,7 +64,7 @@ def test_one_engine_reuses_its_graphs_across_calls(tmp_path, device, on_cuda):
     stops and limits run on the first call's cache and graphs (no new build), and every
     answer still equals generate's; the first call's prompts again capture nothing new.
     Both decode-step attention variants."""
-    from pipeline.regen.static_decoder import StaticEngine
+    from pipeline.regen.static_engine import StaticEngine
 
     model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=torch.float32)
     model = model.to(device).eval()
@@ -133,7 +133,7 @@ def test_varlen_step_reads_each_row_to_its_own_length(device, on_cuda):
 def _two_engines(tmp_path, device, on_cuda, seed, first: dict, second: dict):
     """The share of 21 random prompts whose answers two engines (their StaticEngine keywords)
     give alike, bf16 on CUDA and fp32 elsewhere, and the second engine."""
-    from pipeline.regen.static_decoder import StaticEngine
+    from pipeline.regen.static_engine import StaticEngine
 
     dtype = torch.bfloat16 if on_cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=dtype)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from pipeline.regen.static_decoder import greedy_decode
+from pipeline.regen.static_engine import greedy_decode
 
 MAX_NEW = 10
 
@@ -131,7 +131,7 @@ def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
     """One engine, several calls with other prompts, stops and limits: every answer equals
     generate's; the decoder (cache, graphs) is built once while calls fit it, and once more,
     said in one line, when a call needs more columns than it has."""
-    from pipeline.regen.static_decoder import StaticEngine
+    from pipeline.regen.static_engine import StaticEngine
 
     model = _load(model_dirs["qwen3"])
     engine = StaticEngine(model, batch_size=4, sync_every=2, cuda_graphs=False, span_bucket=16)
@@ -146,7 +146,7 @@ def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
     assert engine.decoder is decoder and engine.builds == 1
     longer = [p + p + p for p in _prompts(5, seed=13)]  # up to 90 tokens: more columns
     assert max(map(len, longer)) + MAX_NEW - 1 > decoder.capacity
-    with caplog.at_level("INFO", logger="pipeline.regen.static_decoder"):
+    with caplog.at_level("INFO", logger="pipeline.regen.static_engine"):
         _assert_same(engine.decode(longer, MAX_NEW, set()), _reference(model, longer, set()))
         _assert_same(engine.decode(short, 6, other), [_generate(model, p, 6, other) for p in short])
     assert engine.builds == 2 and engine.decoder is not decoder
@@ -174,7 +174,7 @@ def test_prompts_too_long_for_the_cache_budget_are_decoded_apart(model_dirs, cap
     the rest on a cache of their own (one line), the kept cache stays within the budget, and
     every answer, in prompt order, equals generate's."""
     from pipeline.regen.cache_budget import slot_bytes
-    from pipeline.regen.static_decoder import StaticEngine
+    from pipeline.regen.static_engine import StaticEngine
 
     model = _load(model_dirs["llama"])
     per_slot = slot_bytes(model.config, torch.float32)
@@ -185,7 +185,7 @@ def test_prompts_too_long_for_the_cache_budget_are_decoded_apart(model_dirs, cap
     for i, n in ((1, 40), (4, 60)):  # more than 32 - (MAX_NEW - 1) tokens
         prompts[i] = torch.randint(0, 96, (n,), generator=g).tolist()
     stops = _stops_for(model, prompts)
-    with caplog.at_level("INFO", logger="pipeline.regen.static_decoder"):
+    with caplog.at_level("INFO", logger="pipeline.regen.static_engine"):
         _assert_same(engine.decode(prompts, MAX_NEW, stops), _reference(model, prompts, stops))
     assert engine.decoder.capacity == 32 and engine.decoder.rows == 3
     assert engine.last_stats["long"]["prompts"] == 2
