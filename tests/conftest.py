@@ -1,6 +1,8 @@
-"""Fixtures shared by the whole suite: a small random Qwen3 target and a drafter for it."""
+"""Fixtures shared by the whole suite: a small random Qwen3 target and a drafter for it, and a
+value whose unpickling runs code (for the loads that must refuse it)."""
 
 import os
+from pathlib import Path
 
 # Under pytest-xdist several workers share the cores: one torch thread each (and in the CLIs,
 # Ray clusters and subprocesses they start), since OpenMP threads that wait for each other on
@@ -231,3 +233,20 @@ def family_target(tmp_path_factory):
             base.append(tiny_base_tokenizer())
         return ensure_family_target(model_type, root=str(root), base_tokenizer=base[0])
     return get
+
+
+class _RunsCode:
+    """What a hostile checkpoint holds: unpickling it calls a function of the file's choice
+    (here: writes ``marker``, so a test can tell whether a load ran it)."""
+
+    def __init__(self, marker):
+        self.marker = Path(marker)
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+@pytest.fixture()
+def runs_code():
+    """``runs_code(marker)``: a value whose unpickling writes ``marker``."""
+    return _RunsCode

@@ -4,7 +4,6 @@ another folder or a failed read, and leaves its host tensors to the drafter's sa
 Non-tensor values of a DCP checkpoint are unpickled without running code on either path."""
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -135,21 +134,11 @@ def test_on_the_host_the_optimizer_keeps_the_read_tensors_and_the_weights_are_sp
     assert len(spare) == len(list(model.parameters()))  # the weights' copies
 
 
-class _RunsCode:
-    """A value whose unpickling calls a function of the file's choice."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.write_text, (self.marker, "ran"))
-
-
-def test_a_crafted_optimizer_setting_is_refused_and_runs_nothing(tmp_path):
+def test_a_crafted_optimizer_setting_is_refused_and_runs_nothing(tmp_path, runs_code):
     model, optim = _fresh()
     state = sharded.drafter_state(model, optim)
     marker = tmp_path / "ran"
-    state["optimizer"]["param_groups"][0]["lr"] = _RunsCode(marker)
+    state["optimizer"]["param_groups"][0]["lr"] = runs_code(marker)
     sharded.save(state, tmp_path, group=None)
     for load in (lambda: sharded.load(*_fresh(), tmp_path, group=None),
                  lambda: read(tmp_path, pin=False)):

@@ -196,22 +196,14 @@ def test_a_writer_thread_that_dies_outside_its_file_fails_the_save(tmp_path, mon
     assert [str(d.exc_value) for d in died] == ["lost in a writer thread"]
 
 
-class _RunsCode:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.write_text, (self.marker, "ran"))
-
-
-def test_a_crafted_dcp_index_is_refused_and_runs_nothing(tmp_path):
+def test_a_crafted_dcp_index_is_refused_and_runs_nothing(tmp_path, runs_code):
     model, optim = _trained()
     saver = _saver()
     saver.start(lambda: sharded.drafter_state(model, optim), _rest, tmp_path, 1)
     saver.wait()
     marker = tmp_path / "ran"
     with open(tmp_path / "drafter" / ".metadata", "wb") as f:
-        pickle.dump(_RunsCode(marker), f)
+        pickle.dump(runs_code(marker), f)
     with pytest.raises(Exception, match="not part of a DCP index"):
         sharded.load(model, optim, tmp_path, group=None)
     assert not marker.exists()

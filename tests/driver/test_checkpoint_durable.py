@@ -95,22 +95,12 @@ def test_keep_last_prunes_the_oldest(tmp_path):
         assert names[-1] == f"step_{step:08d}" and len(names) == min(step, 2)
 
 
-class _RunsCode:
-    """What a hostile checkpoint holds: unpickling it calls a function of the file's choice."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def test_a_crafted_pickle_is_refused_and_runs_nothing(tmp_path, random_target_dir,
-                                                      target_config):
+                                                      target_config, runs_code):
     marker = tmp_path / "pwned"
     folder = _save(tmp_path, 2)
     # A checkpoint of the right shape whose drafter.pt runs code when unpickled.
-    torch.save({"model": _RunsCode(marker), "steps_done": 2}, folder / "drafter.pt")
+    torch.save({"model": runs_code(marker), "steps_done": 2}, folder / "drafter.pt")
     state = json.loads((folder / "state.json").read_text())
     state["files"] = []  # as a checkpoint from elsewhere would carry: no digest to fail first
     state["drafter_config"] = {}
