@@ -179,13 +179,14 @@ def _pooled(sets) -> dict:
 
 def _trainer(name: str, module: str, scale: RealScale, w: Work, train: Path,
              max_steps: int | None = None, budget_s: float | None = None,
-             recipe: tuple[str, ...] = ()) -> proc.Job:
+             recipe: tuple[str, ...] = (), sharing: int = 1) -> proc.Job:
+    """``sharing``: the trainers started to run at once (they split the host's cores)."""
     shutil.rmtree(w.run_dir(name), ignore_errors=True)  # train afresh, never resume
     args = ["-m", module, "--config-name", "smollm2_135m", *trainer_overrides(
         scale, gguf_path(scale, w), str(train), str(w.data("humaneval")),
         str(w.run_dir(name)), max_steps, recipe)]
     budget = budget_s or scale.train_budget_s
-    return proc.start(name, args, w.log(name), budget, 3 * budget)
+    return proc.start(name, args, w.log(name), budget, 3 * budget, sharing)
 
 
 def _run_summary(c, finished: proc.Finished) -> dict:
@@ -261,7 +262,8 @@ def recipes(scale: RealScale, w: Work, result: dict) -> dict:
     if BASE not in done and _base_tau(result, n, len(lines)) is None:
         todo.append((BASE, ()))
     jobs = {name: _trainer(f"recipe_{name}", "pipeline.train_single", scale, w, train,
-                           budget_s=scale.train_budget_s * len(todo), recipe=over)
+                           budget_s=scale.train_budget_s * len(todo), recipe=over,
+                           sharing=len(todo))
             for name, over in todo}
     for (name, over), job in zip(todo, jobs.values()):
         finished = proc.wait(job)
@@ -311,13 +313,15 @@ def reference(scale: RealScale, w: Work, result: dict) -> dict:
     jobs = {}
     # Once per size: on a tiny set two fractions round to the same size, and a second trainer
     # in the same run folder would leave the first running unwatched.
-    for n in dict.fromkeys(curve_sizes(len(lines), scale.curve)):
+    sizes = list(dict.fromkeys(curve_sizes(len(lines), scale.curve)))
+    for n in sizes:
         if n == len(lines):
             name, subset = "reference", w.data("train")
         else:
             name, subset = f"curve_{n}", _subset(w, lines, n)
         jobs[n] = (name, _trainer(name, "pipeline.train_single", scale, w, subset,
-                                  budget_s=scale.train_budget_s * (2 if scale.curve else 1)))
+                                  budget_s=scale.train_budget_s * (2 if scale.curve else 1),
+                                  sharing=len(sizes)))
     rows, figures = [], {}
     for n, (name, job) in jobs.items():
         done = proc.wait(job)

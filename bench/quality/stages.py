@@ -187,7 +187,8 @@ def drafters(scale: Scale, paths: Paths, clock: StageClock) -> dict[str, Trainer
             scale, str(paths.target), str(paths.train_data), str(paths.heldout_data),
             str(paths.run_dir(name)))]
         jobs[name] = proc.start(name, args, paths.log(name), scale.train_budget_s,
-                                clock.hard_limit_s(scale.train_budget_s))
+                                clock.hard_limit_s(scale.train_budget_s),
+                                len(modules) if scale.concurrent_trainers else 1)
         if not scale.concurrent_trainers:
             jobs[name] = proc.wait(jobs[name])
     results = {}

@@ -95,7 +95,7 @@ def _finished(name: str, stopped: bool, wall_s: float = 5.0) -> proc.Finished:
 def test_trainers_get_budget_and_hard_limit_and_report_both(tmp_path, monkeypatch):
     started = {}
 
-    def start(name, args, log_path, budget_s, limit_s):
+    def start(name, args, log_path, budget_s, limit_s, sharing=1):
         started[name] = (budget_s, limit_s)
         return name
 
@@ -120,3 +120,21 @@ def test_regeneration_stopped_at_its_hard_limit_says_which_budget_to_raise(tmp_p
     with pytest.raises(RuntimeError, match="stopped at its hard limit of 12 s .*raise "
                                            "regen_budget_s in bench/quality/scale.py"):
         stages.data(TINY, None, streams, paths, StageClock())
+
+
+def test_subprocesses_run_at_once_split_the_cores_unless_told(tmp_path, monkeypatch):
+    """Four torch trainers at once, each with every core's OpenMP threads, took 61 s on 2
+    cores for what took 11 s with one thread each."""
+    show = _python("import os; print(os.environ['OMP_NUM_THREADS'])")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(proc.os, "cpu_count", lambda: 16)
+    jobs = [proc.start(f"j{i}", show, tmp_path / f"j{i}.log", 60.0, 120.0, sharing=4)
+            for i in range(2)]
+    alone = proc.start("alone", show, tmp_path / "alone.log", 60.0, 120.0)
+    for job in (*jobs, alone):
+        assert proc.wait(job).returncode == 0
+    assert [(tmp_path / f"j{i}.log").read_text().strip() for i in range(2)] == ["4", "4"]
+    assert (tmp_path / "alone.log").read_text().strip() == "16"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's setting stands
+    told = proc.start("told", show, tmp_path / "told.log", 60.0, 120.0, sharing=4)
+    assert proc.wait(told).returncode == 0 and (tmp_path / "told.log").read_text().strip() == "3"
