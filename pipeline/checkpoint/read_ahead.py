@@ -156,6 +156,7 @@ class ReadAhead:
         self.folder = folder
         self._result: Optional[HostCheckpoint] = None
         self._error: Optional[BaseException] = None
+        quiet_single_process()  # here: the thread's own call then changes no filter
         self._thread = threading.Thread(target=self._run, args=(pin,),
                                         name="checkpoint-read-ahead", daemon=True)
         self._thread.start()

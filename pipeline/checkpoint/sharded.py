@@ -198,14 +198,21 @@ def load_weights(model: nn.Module, folder: Path) -> None:
     model.load_state_dict(state["model"])
 
 
+_SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
+
+
 def quiet_single_process() -> None:
     """DCP warns on every call made without a process group ("torch.distributed is disabled
     ... assuming the intent is to load in a single process"), also when ``no_dist=True`` says
     so: an export, a read-ahead's thread and a single-process trainer mean it, and their users
-    can do nothing about the line. A filter, not a catch_warnings block: that one is not
-    thread-safe, and a read-ahead runs in a thread."""
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
-                            "uninitialized", category=UserWarning)
+    can do nothing about the line. A filter, not a catch_warnings block (not thread-safe; a
+    read-ahead runs in a thread), left alone when it is already the first one (then nothing
+    changes the filter list another thread may be reading)."""
+    first = warnings.filters[0] if warnings.filters else None
+    if first is not None and first[0] == "ignore" and first[2] is UserWarning and \
+            getattr(first[1], "pattern", None) == _SINGLE_PROCESS:
+        return
+    warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
 
 
 @contextlib.contextmanager
