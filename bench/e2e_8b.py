@@ -15,6 +15,8 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
   ``checkpoint_step_excess_s``: how much longer the steps right after a save took than
   the median step;
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
+  ``killed_drafter_gone_s``: from the SIGKILL until the killed process had let go of its
+  memory and GPU (what a new drafter on that GPU waits for at least);
   ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
   data re-planned, drafters built, process group and rings, checkpoint loaded);
   ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
@@ -112,7 +114,7 @@ def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
     """Run the CLI; SIGKILL the drafter once ``kill_at`` steps are logged; stop the whole job
     at ``deadline_s`` (the figures then cover what it did by then)."""
     t_launch = time.time()
-    killed_at = None
+    killed_at, gone_s = None, None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
         while proc.poll() is None:
@@ -131,8 +133,26 @@ def _run_and_kill(cmd: list[str], log_path: Path, metrics: Path, kill_at: int,
                     os.kill(pid, signal.SIGKILL)
                     killed_at = time.time()
                     print(f"[e2e] SIGKILL drafter pid {pid} after step {kill_at}", flush=True)
+                    gone_s = gone_after(pid)
     return {"launch": t_launch, "exit": time.time(), "killed_at": killed_at,
+            "gone_s": gone_s,
             "returncode": proc.returncode}
+
+
+def gone_after(pid: int, limit_s: float = 60.0) -> Optional[float]:
+    """Seconds until a killed process has let go of its memory and devices (gone, or a zombie:
+    the kernel frees those before the exit status waits for its parent), None past
+    ``limit_s``. Until then the GPU and its Ray resources are not free for a new drafter."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return time.perf_counter() - t0
+        if state in ("Z", "X"):
+            return time.perf_counter() - t0
+        time.sleep(0.01)
+    return None
 
 
 def _due(metrics: Path, log_path: Path, kill_at: int, wait_checkpoint: bool) -> bool:
@@ -204,6 +224,7 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "checkpoint_write_s": max((float(x) for x in _WRITTEN.findall(log_text)), default=None),
         "checkpoint_step_excess_s": max(excess) if excess else None,
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
+        "killed_drafter_gone_s": times.get("gone_s"),
         "restart_parts_s": _restart_parts(log_text),
         "drafter_starts_s": _drafter_starts(log_text),
         "checkpoint_loads_s": [_parts(m) for m in _LOADED.findall(log_text)],

@@ -38,7 +38,8 @@ LOG = ("checkpoint runs/checkpoints/step_00000100 (held training 0.80s, written 
 
 def test_figures_follow_from_the_rows():
     rows, kill, last = _rows()
-    times = {"launch": 40.0, "exit": last + 10.0, "killed_at": kill, "returncode": 0}
+    times = {"launch": 40.0, "exit": last + 10.0, "killed_at": kill, "gone_s": 1.5,
+             "returncode": 0}
     out = _summarise(times, rows, LOG, samples_per_step=8, loss_rtol=1e-3)
     assert out["steps"] == 200
     assert out["start_to_first_step_s"] == rows[0]["time"] - 40.0
@@ -46,6 +47,7 @@ def test_figures_follow_from_the_rows():
     assert out["checkpoint_write_s"] == 34.1  # the slowest write, not the last
     assert abs(out["checkpoint_step_excess_s"] - 1.0) < 1e-9
     assert abs(out["kill_to_training_s"] - 20.4) < 1e-6
+    assert out["killed_drafter_gone_s"] == 1.5
     assert out["steady_samples_per_s"] == 16.0
     assert abs(out["e2e_efficiency"] - 0.5 * 200 / (last + 10.0 - 40.0)) < 1e-9
     assert abs(out["e2e_efficiency_after_start"]
@@ -90,3 +92,22 @@ def test_the_kill_waits_for_a_durable_checkpoint(tmp_path):
     log.write_text(LOG)
     assert _due(metrics, log, 130, wait_checkpoint=True)
     assert not _due(metrics, log, 131, wait_checkpoint=True)
+
+
+def test_a_killed_process_is_gone_once_its_memory_is_freed():
+    import signal
+    import subprocess
+    import sys
+
+    from bench.e2e_8b import gone_after
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert gone_after(child.pid, limit_s=0.2) is None  # alive
+        child.send_signal(signal.SIGKILL)
+        seconds = gone_after(child.pid, limit_s=30.0)  # a zombie until waited for
+        assert seconds is not None and 0 <= seconds < 30.0
+    finally:
+        child.kill()
+        child.wait()
+    assert gone_after(child.pid, limit_s=1.0) is not None  # reaped: no such process
