@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from pipeline.checkpoint.sharded import (DRAFTER_DIR, LEGACY_FILE, SafePlanner, SafeReader,
-                                         plain_errors, quiet_single_process)
+                                         param_names, plain_errors, quiet_single_process)
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,12 @@ class HostCheckpoint:
         DCP reads into tensors that exist)."""
         on_cuda = self._copy_weights(get_model_state_dict(model))
         saved = self._nested("optimizer")
-        names = {id(p): n for n, p in model.named_parameters()}
-        live = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+        live = param_names(model, optimizer)
         groups = [saved["param_groups"][i] for i in sorted(saved.get("param_groups", {}))]
         if [g.get("params") for g in groups] != live:
             raise RuntimeError(f"{self.folder}: the checkpoint's optimizer has other parameter "
                                f"groups than the drafter's")
-        index = {n: i for i, n in enumerate(n for names_ in live for n in names_)}
+        index = {n: i for i, n in enumerate(n for names in live for n in names)}
         optimizer.load_state_dict({
             "state": {index[n]: dict(s) for n, s in saved.get("state", {}).items()
                       if n in index},

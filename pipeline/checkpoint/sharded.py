@@ -75,11 +75,16 @@ def drafter_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[st
     if optimizer.state:
         weights, optim = get_state_dict(model, optimizer)
         return {"model": weights, "optimizer": optim}
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = [{**{k: v for k, v in g.items() if k != "params"},
-               "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
+              for g, names in zip(optimizer.param_groups, param_names(model, optimizer))]
     return {"model": get_model_state_dict(model),
             "optimizer": {"state": {}, "param_groups": groups}}
+
+
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    """Each parameter group's parameters by name, as a checkpoint keys them."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
 
 
 def save(state: dict[str, Any], folder: Path, group: Optional[dist.ProcessGroup],
