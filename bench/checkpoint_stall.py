@@ -122,7 +122,7 @@ def _restart_once(layers: int, small: bool, device: str, folder: Path, ahead: bo
     host = reading.take(folder) if reading is not None else None
     t2 = time.perf_counter()
     load_s = _timed(lambda: sharded.load(model, optim, folder, group=None, host=host), device)
-    return {"built_s": t1 - t0, "waited_s": t2 - t1, "load_s": load_s,
+    return {"built_s": t1 - t0, "waited_s": t2 - t1 if ahead else None, "load_s": load_s,
             "total_s": time.perf_counter() - t0}
 
 

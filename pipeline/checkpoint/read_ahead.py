@@ -166,6 +166,8 @@ class ReadAhead:
         (one file, read at the load), or too little free host memory to hold it twice over
         (said in one line)."""
         if (folder / LEGACY_FILE).is_file() or not (folder / DRAFTER_DIR).is_dir():
+            log.info("not reading %s ahead: not a DCP checkpoint (one written before DCP is "
+                     "read whole at the load)", folder)
             return None
         size, free = checkpoint_bytes(folder), available_memory_bytes()
         if free is not None and free < 2 * size:

@@ -11,6 +11,8 @@ def test_small_run_gives_save_and_restart_load_figures(tmp_path):
     assert out["load_s"] > 0 and out["fresh_load_s"] > 0 and out["load_after_read_ahead_s"] > 0
     for way in ("from_files", "read_ahead"):
         run = out["restart"][way]
-        assert 0 < run["built_s"] + run["waited_s"] + run["load_s"] <= run["total_s"], way
-    assert out["restart"]["from_files"]["waited_s"] < 0.01  # nothing read ahead to wait for
+        parts = run["built_s"] + (run["waited_s"] or 0.0) + run["load_s"]
+        assert 0 < parts <= run["total_s"], way
+    assert out["restart"]["from_files"]["waited_s"] is None  # nothing read ahead to wait for
+    assert out["restart"]["read_ahead"]["waited_s"] >= 0
     assert not any(tmp_path.iterdir())  # the saves are removed

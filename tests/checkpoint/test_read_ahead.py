@@ -148,7 +148,8 @@ def test_a_crafted_optimizer_setting_is_refused_and_runs_nothing(tmp_path, runs_
     assert not marker.exists()
 
 
-def test_another_folder_or_a_failed_read_gives_nothing_and_the_load_says_why(tmp_path):
+def test_another_folder_or_a_failed_read_gives_nothing_and_the_load_says_why(tmp_path,
+                                                                             caplog):
     _saved(tmp_path / "a")
     _saved(tmp_path / "b")
     ahead = ReadAhead.start(tmp_path / "a", pin=False)
@@ -163,7 +164,9 @@ def test_another_folder_or_a_failed_read_gives_nothing_and_the_load_says_why(tmp
         sharded.load(*_fresh(), tmp_path / "b", group=None)
     (tmp_path / "legacy").mkdir()
     (tmp_path / "legacy" / sharded.LEGACY_FILE).write_bytes(b"")
-    assert ReadAhead.start(tmp_path / "legacy", pin=False) is None
+    with caplog.at_level("INFO", logger="pipeline.checkpoint.read_ahead"):
+        assert ReadAhead.start(tmp_path / "legacy", pin=False) is None
+    assert "not reading" in caplog.text and "not a DCP checkpoint" in caplog.text
 
 
 def test_a_pool_given_tensors_allocates_only_what_it_lacks():
