@@ -2,7 +2,7 @@
 SIGKILLed drafter, recovery, export.
 
     python -m bench.e2e_8b --work /tmp/e2e --out docs/bench     # one H200, about 8 minutes
-    python -m bench.e2e_8b --work /tmp/e2e --out /tmp/ra --set train.checkpoint.read_ahead=true
+    python -m bench.e2e_8b --work /tmp/e2e --out /tmp/files --set train.checkpoint.read_ahead=false
 
 It builds a random-weight target with Qwen3-8B's architecture (save_pretrained, loaded back by
 the real code), writes ~800-token chats, then runs ``python -m pipeline.train --config-name
@@ -23,8 +23,8 @@ by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.j
   seconds from being asked for to up and their parts (before its constructor: a Ray worker,
   the interpreter, the imports; then device ready, target head read, drafter built, rest);
   ``checkpoint_loads_s``: each load's parts on drafter rank 0 (read from the files, or
-  waited for the read-ahead and copied from host memory: ``--set
-  train.checkpoint.read_ahead=true``);
+  waited for the read-ahead and copied from host memory, the default; ``--set
+  train.checkpoint.read_ahead=false`` for the files);
 * ``checkpoint_write_s``: the longest a checkpoint took to be written and verified beside
   training (the driver's log);
 * ``start_to_first_step_warm_s``: the same launch again as a fresh job in a new run folder
@@ -256,7 +256,7 @@ def main(argv=None) -> dict:
     p.add_argument("--loss-rtol", type=float, default=1e-3)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override added to both jobs' commands (repeatable), e.g. "
-                        "train.checkpoint.read_ahead=true")
+                        "train.checkpoint.read_ahead=false")
     p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop the job after this long and report what it did")
     p.add_argument("--relaunch-steps", type=int, default=3,

@@ -182,8 +182,11 @@ class CheckpointConfig:
     # Drafters started to load a checkpoint (a restart after a lost actor, a resume) read it
     # into host memory while they start up, and the load then copies it into place
     # (pipeline/checkpoint/read_ahead.py). Takes free host memory of twice the checkpoint per
-    # drafter (else it is skipped, said in one line); drafter.parallel=replicate only.
-    read_ahead: bool = False
+    # drafter (else it is skipped, said in one line). null (default): on under
+    # drafter.parallel=replicate, off under fsdp (a rank's shards are known only once its
+    # process group is formed), where true is refused. At 8B on the H200 it took a lost
+    # drafter's restart from 32.1 s to 20.8 s (docs/BENCHMARKS.md).
+    read_ahead: Optional[bool] = None
 
     def __post_init__(self) -> None:
         require(self.every >= 0, "train.checkpoint.every", self.every, ">= 0 (0: at the end)")
@@ -367,6 +370,13 @@ def check_across_sections(job: JobConfig) -> None:
                 f"buckets of >= 2 * drafter.block_size ({least}) tokens: a {low}-token "
                 f"bucket can never hold a sample with {least} supervised tokens")
     BatchShapes.from_config(data, d.static_shapes, d.num_anchors)  # pool vs anchors
-    require(not (job.train.checkpoint.read_ahead and d.parallel == "fsdp"),
+    require(not (job.train.checkpoint.read_ahead is True and d.parallel == "fsdp"),
             "train.checkpoint.read_ahead", True, "false under drafter.parallel=fsdp (a rank "
             "reads only its shards, known once the process group is formed)")
+
+
+def reads_ahead(job: JobConfig) -> bool:
+    """Whether drafters read the checkpoint they will load while they start
+    (train.checkpoint.read_ahead; null: wherever it applies, i.e. not under fsdp)."""
+    chosen = job.train.checkpoint.read_ahead
+    return job.drafter.parallel != "fsdp" if chosen is None else chosen

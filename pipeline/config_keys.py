@@ -93,8 +93,10 @@ def expected(hint: Any) -> str:
     """What a field of type ``hint`` takes, in words: ``an int``, ``a list of float``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union:
-        kinds = [expected(a) for a in args if a is not type(None)]
-        return " or ".join(kinds + (["null"] if type(None) in args else []))
+        kinds = [w for a in args if a is not type(None)
+                 for w in (["true", "false"] if a is bool else [expected(a)])]
+        kinds += ["null"] if type(None) in args else []
+        return ", ".join(kinds[:-1]) + " or " + kinds[-1] if len(kinds) > 1 else kinds[0]
     if origin is typing.Literal:
         return f"one of {list(args)}"
     if isinstance(hint, type) and issubclass(hint, enum.Enum):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
+from pipeline.config import reads_ahead
 from pipeline.driver.compose import CONF_DIR, compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.launcher import check_gpu_layout
@@ -77,6 +78,21 @@ def test_read_ahead_is_refused_under_fsdp_and_taken_otherwise():
                                          r"drafter.parallel=fsdp"):
         compose_job(["train.checkpoint.read_ahead=true", "drafter.parallel=fsdp"])
     assert compose_job(["train.checkpoint.read_ahead=true"]).train.checkpoint.read_ahead
+
+
+@pytest.mark.parametrize("overrides, on", [
+    ([], True),  # the default: wherever it applies
+    (["drafter.parallel=fsdp"], False),  # ... which fsdp is not
+    (["train.checkpoint.read_ahead=false"], False),
+    (["train.checkpoint.read_ahead=true"], True),
+    (["train.checkpoint.read_ahead=false", "drafter.parallel=fsdp"], False),
+])
+def test_read_ahead_defaults_to_on_where_it_applies(overrides, on):
+    assert reads_ahead(compose_job(overrides)) is on
+
+
+def test_read_ahead_takes_null_for_its_default():
+    assert compose_job(["train.checkpoint.read_ahead=null"]).train.checkpoint.read_ahead is None
 
 
 @pytest.mark.parametrize("old,new", [

@@ -43,6 +43,8 @@ def test_the_cli_refuses_a_config_mistake_in_one_line(tmp_path, module, override
     (["clustr=node8"], r"^clustr is not a config key; did you mean cluster\?"),
     (["train.plan.max_steps=abc"], r"^train.plan.max_steps=abc: expected an int or null$"),
     (["train.optim.lr=fast"], r"^train.optim.lr=fast: expected a float$"),
+    (["train.checkpoint.read_ahead=maybe"],
+     r"^train.checkpoint.read_ahead=maybe: expected true, false or null$"),
     (["train.optim.betas=[a,b]"], r"^train.optim.betas=\[a,b\]: expected a list of float$"),
     (["train.plan=5"], r"^train.plan=5: train.plan is a section: set its keys one by one"),
     (["cluster=nope"], r"^cluster=nope: .*available: local, node8, one_gpu$"),

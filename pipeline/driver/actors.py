@@ -20,7 +20,7 @@ import ray
 
 from pipeline.assembly import batch_shapes, packing_of
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, reads_ahead
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
 from pipeline.driver import stop_signals
@@ -316,7 +316,7 @@ class ActorGroup:
     def _read_ahead(self) -> Optional[str]:
         """The checkpoint the drafters will load, for them to read while they start
         (train.checkpoint.read_ahead)."""
-        if self.checkpoint is None or not self.job.train.checkpoint.read_ahead:
+        if self.checkpoint is None or not reads_ahead(self.job):
             return None
         return str(self.checkpoint)
 

@@ -61,8 +61,7 @@ def killed_three_times(ray_cluster, small_train_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("recovery") / "run"
     driver = Driver(compose_job(BASE + [f"data.train_path={small_train_file}",
                                         f"train.out_dir={out}", "train.recovery.max_restarts=3",
-                                        "train.checkpoint.keep_last=2",
-                                        "train.checkpoint.read_ahead=true"]))
+                                        "train.checkpoint.keep_last=2"]))
     seen = []
 
     def watch(done):  # which target and prefetcher trained each step (before any kill there)
@@ -120,7 +119,8 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
             "training again after %.1fs (from the kill), resumed from step %d", kind, how, step,
             rec.detected_at - killed_at, rec.restarted_at - killed_at,
             rec.training_at - killed_at, rec.resumed_step)
-    # Each restart's drafters were told the checkpoint they load, and read it while starting.
+    # Each restart's drafters were told the checkpoint they load, and read it while starting
+    # (train.checkpoint.read_ahead's default under drafter.parallel=replicate).
     loads = re.findall(r"resumed from \S+ at step (\d+) \(drafter rank 0: (.*)\)", log)
     assert [int(step) for step, _ in loads] == [r.resumed_step for r in summary.restarts
                                                 if r.resumed_step]
