@@ -13,12 +13,20 @@ within 1e-7. Deterministic algorithms would make the run bit-exact but are not w
   training step moves the loss (1e-2 relative and more here; asserted, so the bound stays
   meaningful).
 * DRIFT: later steps' losses and the final weights, where the noise compounds.
-* WEIGHT_ATOL: the final weights' absolute floor. AdamW divides each update by the root of
-  the element's second moment, so where a gradient stays near zero the kernels' noise becomes
-  a visible share of a whole update: on the H200 (2026-12-04, the drafter's init drawn on the
-  GPU) one element of 12288 in an MLP weight ended 2.66e-6 apart (6e-5 relative) in both resume
-  tests, every other element within 1e-6. A lost moment, step count or learning rate moves
-  every element by up to lr per step (2e-3 in these jobs); 1e-5 is 0.5% of one step.
+* WEIGHT_ATOL: the final weights' per-element bound (with DRIFT relative), which a few
+  elements may exceed: NOISY_SHARE. Another summation order moves a gradient by noise of the
+  size of its terms, not of their sum, and AdamW's update is about lr x the gradient's sign
+  whatever its size, so an element whose terms cancel can end as much as lr per step apart.
+  On the H200, one element of 12288 ended 2.66e-6 apart in both resume tests (2026-12-04),
+  and on 2026-12-05 both failed (the replicated resume read ahead, the fsdp one from the
+  files) on layers.0.self_attn.v_proj.weight against
+  1e-5 for every element (how far and how many went unreported). ``python -m
+  bench.resume_noise`` shows the mechanism on CPU: additive gradient noise of 1e-6 of each
+  tensor's RMS put 10 of 111,040 weights beyond the bound (up to 9.7e-5 apart; at 1e-5: 81,
+  at most 19 in one tensor, up to 1.1e-3), while a resume that lost AdamW's state put 99.6%
+  beyond it. So each tensor may have max(1, NOISY_SHARE of its elements) beyond the bound:
+  noise passes, a tensor whose optimizer state, step count or learning rate was lost does not
+  (tests/bench/test_resume_noise.py checks both on CPU).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from safetensors.torch import load_file
 FIRST_STEP = 2e-6
 DRIFT = 1e-5
 WEIGHT_ATOL = 1e-5
+NOISY_SHARE = 1e-2
 
 
 def losses(out_dir) -> dict[int, list[float]]:
@@ -50,10 +59,24 @@ def same_step(got: float, want: float, previous: float) -> None:
     assert got == pytest.approx(want, rel=FIRST_STEP), (got, want)
 
 
+def beyond_bound(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """Per tensor of ``a``: (elements of ``b`` beyond WEIGHT_ATOL + DRIFT x |a|, elements, the
+    largest difference), for the tensors where that count exceeds max(1, NOISY_SHARE of it)."""
+    assert sorted(a) == sorted(b)
+    out = {}
+    for name in a:
+        d = (b[name].float() - a[name].float()).abs()
+        over = int((d > WEIGHT_ATOL + DRIFT * a[name].float().abs()).sum())
+        if over > max(1, NOISY_SHARE * d.numel()):
+            out[name] = (over, d.numel(), float(d.max()))
+    return out
+
+
 def close_exports(a_dir, b_dir) -> None:
-    """The two runs' exported weights: the same tensors, each within DRIFT and WEIGHT_ATOL."""
+    """The two runs' exported weights: the same tensors, each within DRIFT and WEIGHT_ATOL but
+    for a share of elements that noise amplified by AdamW can reach (NOISY_SHARE)."""
     a = load_file(str(a_dir / "export" / "model.safetensors"))
     b = load_file(str(b_dir / "export" / "model.safetensors"))
-    assert sorted(a) == sorted(b)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=DRIFT, atol=WEIGHT_ATOL, msg=name)
+    apart = beyond_bound(a, b)
+    assert not apart, "tensor: (elements beyond the bound, elements, largest difference): " + \
+        ", ".join(f"{name}: {v}" for name, v in apart.items())
