@@ -371,7 +371,7 @@ def check_across_sections(job: JobConfig) -> None:
                 f"bucket can never hold a sample with {least} supervised tokens")
     BatchShapes.from_config(data, d.static_shapes, d.num_anchors)  # pool vs anchors
     require(not (job.train.checkpoint.read_ahead is True and d.parallel == "fsdp"),
-            "train.checkpoint.read_ahead", True, "false under drafter.parallel=fsdp (a rank "
+            "train.checkpoint.read_ahead", True, "false or null under drafter.parallel=fsdp (a rank "
             "reads only its shards, known once the process group is formed)")
 
 

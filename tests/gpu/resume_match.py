@@ -19,8 +19,8 @@ within 1e-7. Deterministic algorithms would make the run bit-exact but are not w
   whatever its size, so an element whose terms cancel can end as much as lr per step apart.
   On the H200, one element of 12288 ended 2.66e-6 apart in both resume tests (2026-12-04),
   and on 2026-12-05 both failed (the replicated resume read ahead, the fsdp one from the
-  files) on layers.0.self_attn.v_proj.weight against
-  1e-5 for every element (how far and how many went unreported). ``python -m
+  files) on layers.0.self_attn.v_proj.weight against 1e-5 for every element (how far and
+  how many went unreported). ``python -m
   bench.resume_noise`` shows the mechanism on CPU: additive gradient noise of 1e-6 of each
   tensor's RMS put 10 of 111,040 weights beyond the bound (up to 9.7e-5 apart; at 1e-5: 81,
   at most 19 in one tensor, up to 1.1e-3), while a resume that lost AdamW's state put 99.6%
