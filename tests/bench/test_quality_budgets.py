@@ -40,8 +40,13 @@ def test_a_subprocess_within_its_budget_is_not_flagged(tmp_path):
 def test_a_subprocess_past_its_hard_limit_is_stopped(tmp_path, caplog):
     t0 = time.perf_counter()
     with caplog.at_level(logging.WARNING):
-        done = proc.run("hung", _python("import time; print('started', flush=True); "
-                                        "time.sleep(120)"),
+        # The child answers SIGINT as the pipeline's entry points do (stop_signals.install)
+        # even when started ignoring it, as a shell's `cmd &` starts every command: a suite
+        # started so spent 21.5 s here (the child ignored the SIGINT: 20 s of grace, then
+        # SIGKILL) instead of 1.5 s.
+        done = proc.run("hung", _python("import signal, time; "
+                                        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                                        "print('started', flush=True); time.sleep(120)"),
                         tmp_path / "hung.log", budget_s=0.2, limit_s=1.5)
     assert done.stopped and done.over_budget and done.returncode != 0
     assert time.perf_counter() - t0 < 30  # SIGINT ends it at once, well before the sleep
