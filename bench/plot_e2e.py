@@ -44,7 +44,10 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points, events = timeline((DOCS / "h200_e2e_8b_train.log").read_text())
+    log_text = (DOCS / "h200_e2e_8b_train.log").read_text()
+    points, events = timeline(log_text)
+    stamp = _STAMP.match(log_text)
+    day = stamp.group(1)[:10] if stamp else "date unknown"
     fig, ax = plt.subplots(figsize=(9, 4.2))
     runs, last = [[]], 0
     for t, step in points:  # a new segment where a restart went back to an earlier step
@@ -61,7 +64,7 @@ def main() -> None:
         seen.add(label)
     ax.set_xlabel("seconds since the job's Ray came up")
     ax.set_ylabel("training step")
-    ax.set_title("qwen3_8b on one H200, cluster=one_gpu, 200 steps (2026-12-01)")
+    ax.set_title(f"qwen3_8b on one H200, cluster=one_gpu, 200 steps ({day})")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(DOCS / "h200_e2e_8b.png", dpi=110)
