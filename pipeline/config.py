@@ -373,6 +373,18 @@ def check_across_sections(job: JobConfig) -> None:
     require(not (job.train.checkpoint.read_ahead is True and d.parallel == "fsdp"),
             "train.checkpoint.read_ahead", True, "false or null under drafter.parallel=fsdp (a rank "
             "reads only its shards, known once the process group is formed)")
+    require(not (job.train.eval.weights_ring is True and d.parallel == "fsdp"),
+            "train.eval.weights_ring", True, "false or null under drafter.parallel=fsdp (the "
+            "full weights are gathered to host memory on every rank, not held on one device)")
+
+
+def weights_ring(job: JobConfig) -> Optional[bool]:
+    """How the evaluator is handed the weights (train.eval.weights_ring): True, the ring
+    always (refused on another node); None, the ring where the evaluator shares drafter rank
+    0's node; False, the object store. Under fsdp: False."""
+    if job.drafter.parallel == "fsdp":
+        return False
+    return job.train.eval.weights_ring
 
 
 def reads_ahead(job: JobConfig) -> bool:

@@ -79,7 +79,7 @@ CHANGEABLE = frozenset({
     "train.optim.grad_clip",
     "train.eval.every", "train.eval.prompts", "train.eval.max_new_tokens", "train.eval.gpus",
     "train.eval.batch_size", "train.eval.cuda_graphs", "train.eval.stream_priority",
-    "train.eval.gpu_duty",
+    "train.eval.gpu_duty", "train.eval.weights_ring",
     "train.checkpoint.every", "train.checkpoint.resume", "train.checkpoint.keep_last",
     "train.checkpoint.allow_data_change", "train.checkpoint.final",
     "train.checkpoint.write_threads", "train.checkpoint.read_ahead",

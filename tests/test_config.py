@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pipeline.config import reads_ahead
+from pipeline.config import reads_ahead, weights_ring
 from pipeline.driver.compose import CONF_DIR, compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.launcher import check_gpu_layout
@@ -93,6 +93,23 @@ def test_read_ahead_defaults_to_on_where_it_applies(overrides, on):
 
 def test_read_ahead_takes_null_for_its_default():
     assert compose_job(["train.checkpoint.read_ahead=null"]).train.checkpoint.read_ahead is None
+
+
+@pytest.mark.parametrize("overrides, ring", [
+    ([], None),  # the default: the ring where the evaluator shares rank 0's node
+    (["train.eval.weights_ring=true"], True),
+    (["train.eval.weights_ring=false"], False),
+    (["drafter.parallel=fsdp"], False),  # full weights are gathered to host memory there
+    (["train.eval.weights_ring=false", "drafter.parallel=fsdp"], False),
+])
+def test_the_evaluators_weights_ring_where_it_applies(overrides, ring):
+    assert weights_ring(compose_job(overrides)) is ring
+
+
+def test_the_weights_ring_is_refused_under_fsdp():
+    with pytest.raises(ValueError, match=r"train.eval.weights_ring=True .*false or null under "
+                                         r"drafter.parallel=fsdp"):
+        compose_job(["train.eval.weights_ring=true", "drafter.parallel=fsdp"])
 
 
 @pytest.mark.parametrize("old,new", [

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import ray
 
@@ -153,10 +153,11 @@ class DrafterGroup:
         """Block until no checkpoint write is in flight; the ones not yet handed back."""
         return self._blocking("wait_saves")
 
-    def weights_ref(self) -> Any:
-        """ObjectRef of the weights (``workers.weights.Weights``) as of now in the drafters'
-        queues: behind a step, exactly the weights after it."""
-        return self._ref("weights")
+    def weights_ref(self, ring: Optional[bool] = False, reader_node: Optional[str] = None) -> Any:
+        """ObjectRef of the weights (``workers.weights``: a CPU copy, or a snapshot in rank 0's
+        ring; ``DrafterWorker.weights`` says which) as of now in the drafters' queues: behind a
+        step, exactly the weights after it."""
+        return self._ref("weights", ring, reader_node)
 
     def export(self, out_dir: str, dtype: str) -> str:
         """Export the drafter to ``out_dir``; its folder."""

@@ -25,7 +25,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, weights_ring
 from pipeline.driver import stop_signals
 from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
@@ -42,6 +42,7 @@ _PLACE_TIMEOUT_S = 300.0
 _STOPPED_CLOSE_S = 5.0
 # The step loop's lane for evaluations: one actor runs them in order (see AfterStepCall).
 LANE = "tau evaluator"
+_UNKNOWN = object()  # the evaluator's node, until its answer is in
 
 
 class TauEvaluator:
@@ -56,6 +57,13 @@ class TauEvaluator:
         self.actor: Any = None
         self.in_flight = 0  # evaluations sent behind steps and not yet back
         self.restarts = 0  # evaluators started again after one died
+        # Drafter rank 0's weights snapshot ring (pipeline/workers/weights.py) has one slot:
+        # an evaluation that was handed it holds it until its result is back; meanwhile the
+        # next one takes the object store.
+        self.ring = weights_ring(job)
+        self.ring_held = False
+        self._node_ref: Any = None
+        self._node: Any = _UNKNOWN
 
     @property
     def enabled(self) -> bool:
@@ -86,6 +94,7 @@ class TauEvaluator:
         ready, _ = ray.wait([self.actor.__ray_ready__.remote()], timeout=_PLACE_TIMEOUT_S)
         if ready:
             ray.get(ready[0])  # a failed constructor raises here, not at the first evaluation
+            self._node = ray.get(self._node_ref)  # so the first evaluation may take the ring
         else:
             raise ValueError(
                 f"the tau evaluator (train.eval.gpus={e.gpus:g} GPU, "
@@ -103,6 +112,7 @@ class TauEvaluator:
             target_dtype=r.autocast_dtype or torch.float32, prompts=self._prompts(),
             max_new_tokens=e.max_new_tokens, eos_token_id=r.eos_token_id,
             decode=e.decode_options())
+        self._node_ref, self._node = self.actor.node_id.remote(), _UNKNOWN
 
     def close(self, timeout_s: float = 60.0) -> None:
         if self.actor is None:
@@ -114,11 +124,34 @@ class TauEvaluator:
         kill_actors([self.actor])
         self.actor = None
 
-    def result_ref(self, drafters: DrafterGroup, step: int) -> Any:
+    def result_ref(self, drafters: DrafterGroup, step: int) -> tuple[Any, bool]:
         """ObjectRef of an :class:`EvalResult` for the drafters' weights as of now in their
-        queues (behind every call already sent to them)."""
+        queues (behind every call already sent to them), and whether it was let use the
+        snapshot ring (then it holds it: :meth:`_returned` lets go)."""
         assert self.actor is not None, "the tau evaluator is not started"
-        return _result_ref(self.actor, drafters, step)
+        ring, node = self._ring_args()
+        self.ring_held = self.ring_held or ring is not False
+        return self.actor.evaluate.remote(drafters.weights_ref(ring, node), step), ring is not False
+
+    def _ring_args(self) -> tuple[Optional[bool], Optional[str]]:
+        """``(ring, reader_node)`` for drafter rank 0's ``weights``: the object store while
+        the slot is held, or while the evaluator's node is not known and the setting is null."""
+        if self.ring is False or self.ring_held:
+            return False, None
+        if self._node is _UNKNOWN and self._node_ref is not None:
+            ready, _ = ray.wait([self._node_ref], timeout=0)
+            if ready:
+                try:
+                    self._node = ray.get(ready[0])
+                except RayError:  # a dead evaluator: its evaluation fails on its own
+                    self._node = None
+        if self._node is _UNKNOWN:
+            return (False, None) if self.ring is None else (True, None)
+        return self.ring, self._node
+
+    def _returned(self, used_ring: bool) -> None:
+        if used_ring:
+            self.ring_held = False
 
     def evaluate(self, drafters: DrafterGroup, step: int) -> Optional[EvalResult]:
         """Evaluate now and wait (before or after training); None when eval is off. An
@@ -134,10 +167,13 @@ class TauEvaluator:
     def _wait(self, actor: Any, drafters: DrafterGroup, step: int) -> EvalResult:
         if actor is None:
             return self._gone(step)
+        ref, used_ring = self.result_ref(drafters, step)
         try:
-            return ray.get(_result_ref(actor, drafters, step))
+            return ray.get(ref)
         except RayError as error:
             return self._lost(actor, step, error)
+        finally:
+            self._returned(used_ring)
 
     def behind_step(self, drafters: DrafterGroup, step: int,
                     on_done: Callable[[EvalResult], None]) -> AfterStepCall:
@@ -149,16 +185,21 @@ class TauEvaluator:
                         self.in_flight, step)
 
         actor = self.actor
+        if actor is None:  # no evaluator left: the figure is reported as failed at once
+            ref, used_ring = ray.put(self._gone(step)), False
+        else:
+            ref, used_ring = self.result_ref(drafters, step)
 
         def done(result: EvalResult) -> None:
             self.in_flight -= 1
+            self._returned(used_ring)
             on_done(result)
 
         def failed(error: RayError) -> None:
             done(self._lost(actor, step, error))
-        if actor is None:  # no evaluator left: the figure is reported as failed at once
-            return AfterStepCall(ray.put(self._gone(step)), done, lane=LANE)
-        return AfterStepCall(self.result_ref(drafters, step), done, on_error=failed, lane=LANE)
+        if actor is None:
+            return AfterStepCall(ref, done, lane=LANE)
+        return AfterStepCall(ref, done, on_error=failed, lane=LANE)
 
     # -- a dead evaluator -------------------------------------------------------------------
     def _lost(self, actor: Any, step: int, error: RayError) -> EvalResult:
@@ -194,10 +235,6 @@ class TauEvaluator:
         return _failed(step, "no tau evaluator is left (it died more than "
                              f"train.recovery.max_restarts={self.job.train.recovery.max_restarts}"
                              " times)")
-
-
-def _result_ref(actor: Any, drafters: DrafterGroup, step: int) -> Any:
-    return actor.evaluate.remote(drafters.weights_ref(), step)
 
 
 def _died(error: RayError, actor: Any) -> bool:

@@ -280,8 +280,8 @@ class Driver:
 
         def done(result: EvalResult) -> None:
             if self._record_eval(result, metrics, summary, step, when) is not None:
-                log.info("tau at step %d: %.3f (evaluated in %.1fs beside training)", step,
-                         result.tau, result.seconds)
+                log.info("tau at step %d: %.3f (evaluated in %.1fs beside training; weights "
+                         "through the %s)", step, result.tau, result.seconds, result.weights_by)
         assert self.evaluator is not None
         return self.evaluator.behind_step(actors.drafter_group, step, done)
 

@@ -54,6 +54,13 @@ class EvalConfig:
     # when the prefill and the graph captures before the first round were not paced (they
     # are since, unmeasured).
     gpu_duty: float = 0.15
+    # How drafter rank 0 hands the evaluator its weights: true, through a one-slot ring on
+    # its device (a copy there, CUDA IPC or CPU shared memory; its size in device memory, 4.2
+    # GB at the 8B recipe, kept for the job); false, as a CPU copy through Ray's object store
+    # (4.2 GB at the 8B recipe, copied and serialised in rank 0's thread while training waits
+    # for it). null: the ring wherever it applies (replicated drafters, the evaluator on rank
+    # 0's node), else the object store.
+    weights_ring: Optional[bool] = None
 
     def __post_init__(self) -> None:
         require(self.every >= -1, "train.eval.every", self.every, ">= -1")

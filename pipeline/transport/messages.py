@@ -33,6 +33,9 @@ class RingHandle:
     payload: Any
     # Tells one ring of a target rank from the next (a restarted target makes a new ring).
     ring_id: str = ""
+    # Who writes it, for messages: a target, or the drafter whose weights snapshot it holds
+    # for the tau evaluator (pipeline/workers/weights.py).
+    owner: str = "target"
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,14 @@ class SlotRing:
     """Producer side: owns the slot memory and hands out views to write into."""
 
     def __init__(self, target_rank: int, num_slots: int, slot_numel: int, dtype: torch.dtype,
-                 device: torch.device | str, node_id: Optional[str] = None) -> None:
+                 device: torch.device | str, node_id: Optional[str] = None,
+                 owner: str = "target") -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots} is not allowed: expected >= 1")
         if slot_numel < 1:
             raise ValueError(f"slot_numel={slot_numel} is not allowed: expected >= 1")
         self.target_rank = target_rank
+        self.owner = owner
         self.num_slots = num_slots
         self.slot_numel = slot_numel
         self.device = torch.device(device)
@@ -83,7 +85,7 @@ class SlotRing:
         return RingHandle(target_rank=self.target_rank, node_id=self.node_id,
                           num_slots=self.num_slots, slot_numel=self.slot_numel,
                           dtype=self._payload.dtype, device_kind=self._payload.device_kind,
-                          payload=self._payload, ring_id=self.ring_id)
+                          payload=self._payload, ring_id=self.ring_id, owner=self.owner)
 
     def slot(self, index: int, shape: Sequence[int]) -> torch.Tensor:
         """A ``shape`` view of slot ``index`` to write into; ``publish`` it when written."""
@@ -141,25 +143,25 @@ class RingReader:
         if handle.target_rank in self._rings:
             old, _ = self._rings[handle.target_rank]
             if old.ring_id == handle.ring_id:
-                logger.debug("ring of target %d already attached", handle.target_rank)
+                logger.debug("ring of %s %d already attached", handle.owner, handle.target_rank)
                 return
-            logger.info("target %d has a new ring: the old one is closed",
+            logger.info("%s %d has a new ring: the old one is closed", handle.owner,
                         handle.target_rank)
             del self._rings[handle.target_rank]
         if handle.device_kind != self.device.type:
-            raise ValueError(f"ring of target {handle.target_rank} lives on "
+            raise ValueError(f"ring of {handle.owner} {handle.target_rank} lives on "
                              f"{handle.device_kind!r}, this reader on {self.device}")
         if handle.node_id is not None and self.node_id is not None \
                 and handle.node_id != self.node_id:
-            raise ValueError(f"ring of target {handle.target_rank} lives on node "
+            raise ValueError(f"ring of {handle.owner} {handle.target_rank} lives on node "
                              f"{handle.node_id}, this reader runs on node {self.node_id}: slot "
                              f"rings cannot be opened across nodes (each node's targets feed "
                              f"only that node's drafters)")
         buffer = open_buffer(handle.payload, self.device)
         assert buffer.numel() == handle.num_slots * handle.slot_numel
         self._rings[handle.target_rank] = (handle, buffer)
-        logger.info("attached ring of target %d: %d slots x %d %s", handle.target_rank,
-                    handle.num_slots, handle.slot_numel, handle.dtype)
+        logger.info("attached ring of %s %d: %d slots x %d %s", handle.owner,
+                    handle.target_rank, handle.num_slots, handle.slot_numel, handle.dtype)
 
     def close(self) -> None:
         """Unmap every attached ring (see ``SlotRing.close`` for when the memory goes away)."""

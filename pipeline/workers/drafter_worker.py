@@ -37,7 +37,7 @@ from pipeline.transport.ring import RingReader
 from pipeline.workers.common import (StartupClock, actor_device, on_main_thread,
                                      peak_memory_bytes)
 from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
-from pipeline.workers.weights import Weights, weights_of
+from pipeline.workers.weights import SnapshotRing, Weights, WeightsSnapshot, weights_of
 
 if TYPE_CHECKING:
     from pipeline.checkpoint.read_ahead import ReadAhead
@@ -75,6 +75,7 @@ class DrafterWorker:
         self.loaded: Optional[SlotReady] = None
         self.reducer: Optional[FlatReducer] = None
         self.saver: Optional[AsyncSaver] = None  # with the process group (init_group)
+        self.snapshots = SnapshotRing(self.device)  # the evaluator's weights (weights.py)
         clock.mark("rest")
         self.startup = clock.parts
         self.load_parts: dict[str, float] = {}
@@ -252,12 +253,26 @@ class DrafterWorker:
         model.load_state_dict(weights)
         return str(save_drafter(model, Path(out_dir), dtype))
 
-    def weights(self) -> Weights:
-        """A CPU copy of this replica's weights for the tau evaluator (its own actor): queued
-        right behind a step, it is exactly the weights after that step. Under fsdp every rank
-        gathers them (a collective); rank 0 gets them, the others an empty dict."""
+    def weights(self, ring: Optional[bool] = False,
+                reader_node: Optional[str] = None) -> Weights | WeightsSnapshot:
+        """This replica's weights for the tau evaluator (its own actor): queued right behind
+        a step, they are exactly the weights after that step. ``ring`` (train.eval.weights_ring
+        as pipeline.config.weights_ring resolves it): True or None, left in this rank's
+        snapshot ring, with None only where ``reader_node`` (the evaluator's) is this node;
+        False, or where the ring does not fit, a CPU copy for the object store. Under fsdp
+        every rank gathers them (a collective); rank 0 gets them, the others an empty dict."""
         if self.trainer.sharded is not None:
             return full_weights(self.trainer.model)
+        here = current_node_id()
+        same_node = reader_node is None or here is None or reader_node == here
+        if ring is True and not same_node:
+            raise ValueError(f"train.eval.weights_ring=true, but the tau evaluator runs on node "
+                             f"{reader_node} and drafter rank 0 on {here}: a ring is opened on "
+                             f"its own node only; set it to null or false")
+        if ring is not False and same_node:
+            snapshot = self.snapshots.put(self.trainer.model.state_dict())
+            if snapshot is not None:
+                return snapshot
         return weights_of(self.trainer.model)
 
     def close(self) -> None:
@@ -266,6 +281,7 @@ class DrafterWorker:
         if self.saver is not None:
             self.saver.wait()
         self.reader.close()
+        self.snapshots.close()
         destroy_group()
 
     def _sync(self) -> None:

@@ -1,9 +1,11 @@
 """The tau evaluator: its own actor, so an evaluation never holds up the training step.
 
-The driver asks drafter rank 0 for a copy of its weights right behind a step (a cheap call that
-the drafter runs in order, so the copy is exactly the weights after that step) and hands the
-returned ref to this worker. Ray resolves the ref here, out of the object store, while the
-drafters go on training; the driver logs the result at the step the weights belong to.
+The driver asks drafter rank 0 for a copy of its weights right behind a step (a call that the
+drafter runs in order, so the copy is exactly the weights after that step) and hands the
+returned ref to this worker: a snapshot in rank 0's ring on its device, which this worker
+copies out of, or a CPU copy that Ray resolves here out of the object store
+(pipeline/workers/weights.py), while the drafters go on training; the driver logs the result
+at the step the weights belong to.
 
 The full target this worker needs is loaded on the first evaluation and kept for the next ones
 (it is this process's only job); :meth:`EvalWorker.close` frees it. Drafter rank 0 no longer
@@ -28,8 +30,10 @@ from pipeline.eval.tau import evaluate_tau, load_full_target
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target_head
+from pipeline.transport.node import current_node_id
+from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device
-from pipeline.workers.weights import Weights
+from pipeline.workers.weights import Weights, WeightsSnapshot, unpack
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,8 @@ class EvalResult:
     # Why the evaluation failed (tau is nan then): an eval that runs out of memory costs its
     # figure, not the training job.
     error: Optional[str] = None
+    # How the weights came: "ring" (drafter rank 0's snapshot) or "object store".
+    weights_by: str = ""
 
 
 class EvalWorker:
@@ -70,11 +76,19 @@ class EvalWorker:
         self.drafter: Optional[DFlashDrafter] = DFlashDrafter.for_loading(spec, self.device)
         self.head = load_target_head(target_path)
         self._target: Optional[torch.nn.Module] = None
+        # Drafter rank 0's weights snapshot ring, opened at the first snapshot (weights.py).
+        self.reader = RingReader(self.device, node_id=current_node_id())
 
-    def evaluate(self, weights: Weights, step: int) -> EvalResult:
-        """tau of ``weights`` (a drafter's state dict) on the held-out prompts."""
+    def node_id(self) -> Optional[str]:
+        """The node this evaluator runs on: the driver lets a snapshot come only from there."""
+        return current_node_id()
+
+    def evaluate(self, weights: Weights | WeightsSnapshot, step: int) -> EvalResult:
+        """tau of ``weights`` (a drafter's state dict, or a snapshot of it in drafter rank 0's
+        ring) on the held-out prompts."""
         assert self.drafter is not None, "evaluate after close"
         t0 = time.perf_counter()
+        by = "ring" if isinstance(weights, WeightsSnapshot) else "object store"
         try:
             tau = self._evaluate(weights)
         except Exception as e:  # reported to the driver, which trains on without this figure
@@ -84,20 +98,32 @@ class EvalWorker:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return EvalResult(step=step, tau=math.nan, num_prompts=len(self.prompts),
-                              seconds=time.perf_counter() - t0, error=error_line(e))
+                              seconds=time.perf_counter() - t0, error=error_line(e),
+                              weights_by=by)
         seconds = time.perf_counter() - t0
         log.info("tau after step %d: %.3f (%d prompts, %.1fs)", step, tau, len(self.prompts),
                  seconds)
-        return EvalResult(step=step, tau=tau, num_prompts=len(self.prompts), seconds=seconds)
+        return EvalResult(step=step, tau=tau, num_prompts=len(self.prompts), seconds=seconds,
+                          weights_by=by)
 
-    def _evaluate(self, weights: Weights) -> float:
+    def _evaluate(self, weights: Weights | WeightsSnapshot) -> float:
+        # The weights first: a snapshot is read while the drafter that wrote it surely lives
+        # (the target's first load takes a while).
+        self._load(weights)
+        del weights  # the copy the object store handed us; the drafter holds its own now
         if self._target is None:
             self._target = load_full_target(self.target_path, self.device.type,
                                             self.target_dtype)
-        self.drafter.load_state_dict(weights)
-        del weights  # the copy the object store handed us; the drafter holds its own now
         return evaluate_tau(self._target, self.drafter, self.head, self.prompts,
                             self.max_new_tokens, self.eos_token_id, self.decode)
+
+    def _load(self, weights: Weights | WeightsSnapshot) -> None:
+        if not isinstance(weights, WeightsSnapshot):
+            self.drafter.load_state_dict(weights)
+            return
+        self.reader.attach(weights.ring)  # once per ring: a restarted drafter makes a new one
+        self.drafter.load_state_dict(unpack(self.reader.view(weights.ready), weights.layout))
+        self.reader.release_view(weights.ready)  # the copies have landed
 
     def holds_target(self) -> bool:
         return self._target is not None
@@ -106,6 +132,7 @@ class EvalWorker:
         """Free the target and the drafter copy (the process may live on in Ray's pool)."""
         self._target = None
         self.drafter = None
+        self.reader.close()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -79,7 +79,7 @@ class Replica:
         self._called("wait_saves")
         return (f"saves of {self.rank}",)
 
-    def weights(self):
+    def weights(self, ring=False, reader_node=None):
         self._called("weights")
         return {"rank": self.rank}
 

@@ -21,6 +21,7 @@ from pipeline.driver.compose import compose_job
 from pipeline.driver.eval_tally import EvalTally
 from pipeline.driver.job import Driver, RunSummary
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
+from pipeline.workers.weights import WeightsSnapshot
 
 LOAD_ERROR = "Error(s) in loading state_dict"
 
@@ -96,7 +97,9 @@ class FlakyEvalWorker(EvalWorker):
 
     def evaluate(self, weights, step: int) -> EvalResult:
         if self.bad_steps is None or step in self.bad_steps:
-            weights = {name: torch.zeros(1) for name in weights}
+            names = [e.name for e in weights.layout] if isinstance(weights, WeightsSnapshot) \
+                else list(weights)
+            weights = {name: torch.zeros(1) for name in names}
         return super().evaluate(weights, step)
 
 

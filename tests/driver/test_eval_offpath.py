@@ -58,7 +58,8 @@ def test_evaluator_matches_drafter_rank0_evaluation(tiny_assets, tmp_path):
                         target_dtype=torch.float32, prompts=prompts, max_new_tokens=12,
                         eos_token_id=r.eos_token_id)
     result = worker.evaluate(drafter.weights(), step=7)
-    assert result == EvalResult(step=7, tau=old, num_prompts=3, seconds=result.seconds)
+    assert result == EvalResult(step=7, tau=old, num_prompts=3, seconds=result.seconds,
+                                weights_by="object store")
     assert worker.holds_target()
     # A failed evaluation is reported, not raised: it must not end the training job.
     failed = worker.evaluate({"not_a_weight": torch.zeros(1)}, step=8)
@@ -117,7 +118,7 @@ class Drafter:
                           max_memory_bytes=0, param_checksum=0.0, on_main_thread=True,
                           cudagraph_skips=0)
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, ring=False, reader_node=None) -> dict[str, torch.Tensor]:
         return {"steps_done": torch.tensor(self.steps_done)}
 
 

@@ -1,6 +1,7 @@
 """wandb (offline) gets the run's config and metrics; the trace and the export CLI work."""
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,8 @@ def _wandb_records(run_dir: Path) -> tuple[list[dict], dict, str]:
     return rows, config, project
 
 
-def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monkeypatch):
+def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monkeypatch,
+                                        caplog):
     monkeypatch.setenv("WANDB_SILENT", "true")
     # wandb's own variables, with logger.mode and logger.project left unset (issue 13).
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -66,7 +68,11 @@ def test_wandb_offline_trace_and_export(ray_cluster, tiny_assets, tmp_path, monk
                        "train.eval.max_new_tokens=8", "train.export_dtype=float32",
                        "train.eval.every=2",
                        "cluster.cpus_per_actor=0.5", f"train.out_dir={out}"])
-    summary = Driver(job).run()
+    with caplog.at_level(logging.INFO, logger="pipeline.driver.job"):
+        summary = Driver(job).run()
+    # tau before training: drafter rank 0's weights through its snapshot ring (CPU shared
+    # memory here; train.eval.weights_ring=null and one node)
+    assert "tau at step 0: " in caplog.text and "weights through the ring" in caplog.text
 
     run_dir = next((out / "wandb").glob("offline-run-*"))
     rows, config, project = _wandb_records(run_dir)

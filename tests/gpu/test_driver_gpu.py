@@ -119,3 +119,5 @@ def test_evaluator_on_cuda_and_its_death(ray_cluster, gpu_job, tmp_path, caplog)
     assert 0 in tau_steps and 8 in tau_steps
     assert any(s in tau_steps for s in (4, 6)), tau_steps  # evaluated again after the death
     assert "tau evaluator" in caplog.text
+    # the weights went GPU to GPU through drafter rank 0's snapshot ring (CUDA IPC)
+    assert "weights through the ring" in caplog.text
