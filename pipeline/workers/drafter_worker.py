@@ -34,6 +34,7 @@ from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.transport.messages import RingHandle, SlotAck, SlotReady
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
+from pipeline.transport.shared import release_manager_folder
 from pipeline.workers.common import (StartupClock, actor_device, on_main_thread,
                                      peak_memory_bytes)
 from pipeline.workers.messages import MicroBatch, MicroResult, StepResult
@@ -283,6 +284,7 @@ class DrafterWorker:
         self.reader.close()
         self.snapshots.close()
         destroy_group()
+        release_manager_folder()  # the snapshot ring's, on CPU: Ray kills its shm manager
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
