@@ -149,6 +149,12 @@ class TauEvaluator:
             return (False, None) if self.ring is None else (True, None)
         return self.ring, self._node
 
+    def forget_in_flight(self) -> None:
+        """After the training set was restarted: the evaluations sent behind its steps are not
+        collected again, and the ring they held was the dead drafter's (its successor makes a
+        new one, which the evaluator opens in its place)."""
+        self.in_flight, self.ring_held = 0, False
+
     def _returned(self, used_ring: bool) -> None:
         if used_ring:
             self.ring_held = False

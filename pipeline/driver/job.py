@@ -216,6 +216,8 @@ class Driver:
                  recovery.restarted_at - recovery.detected_at,
                  ", ".join(f"{k} {v:.1f}s" for k, v in recovery.phases.items()))
         # What ran after the checkpoint is lost with the actors: forget it, train it again.
+        if self.evaluator is not None:
+            self.evaluator.forget_in_flight()  # their results are never collected
         accounting.rollback(step)
         del summary.losses[max(0, step - summary.first_step):]
         epoch = point.epoch if point is not None else 0
