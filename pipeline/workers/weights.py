@@ -15,6 +15,7 @@ Two ways, chosen per evaluation by the driver (pipeline/driver/evaluator.py):
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,10 +44,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        numel = 1
-        for s in self.shape:
-            numel *= s
-        return numel * torch.empty(0, dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,9 @@ class SnapshotRing:
     def put(self, state: Weights) -> Optional[WeightsSnapshot]:
         if self.unavailable:
             return None
+        layout, nbytes = layout_of(state)
         if self.ring is None:
-            self.layout, self.nbytes = layout_of(state)
+            self.layout, self.nbytes = layout, nbytes
             try:
                 self.ring = SlotRing(0, 1, self.nbytes, torch.uint8, self.device, owner="drafter")
             except torch.OutOfMemoryError:
@@ -112,7 +111,7 @@ class SnapshotRing:
                             "(train.eval.weights_ring=false says so up front)",
                             self.nbytes / 1e9, self.device)
                 return None
-        assert layout_of(state)[0] == self.layout, "the drafter's state dict changed its layout"
+        assert layout == self.layout, "the drafter's state dict changed its layout"
         slot = self.ring.slot(0, (self.nbytes,))
         with torch.no_grad():
             for entry in self.layout:
