@@ -64,16 +64,14 @@ def train(work: Path, data: Path, noise: float, lose_state_at: int = 0,
 def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict:
     """How many of ``b``'s weights are farther from ``a``'s than the GPU resume tests' bound,
     and which tensors their rule (resume_match.beyond_bound) refuses."""
-    from tests.gpu.resume_match import DRIFT, WEIGHT_ATOL, beyond_bound
+    from tests.gpu.resume_match import apart, beyond_bound
 
-    atol, rtol = WEIGHT_ATOL, DRIFT
     over, total, largest = 0, 0, {}
     for name in sorted(a):
-        d = (b[name] - a[name]).abs()
-        n = int((d > atol + rtol * a[name].abs()).sum())
-        over, total = over + n, total + d.numel()
+        n, numel, most = apart(a[name], b[name])
+        over, total = over + n, total + numel
         if n:
-            largest[name] = float(d.max())
+            largest[name] = most
     return {"weights": total, "beyond_bound": over, "share": over / total,
             "largest": max(largest.values(), default=0.0),
             "tensors": dict(sorted(largest.items(), key=lambda kv: -kv[1])[:5]),

@@ -59,16 +59,22 @@ def same_step(got: float, want: float, previous: float) -> None:
     assert got == pytest.approx(want, rel=FIRST_STEP), (got, want)
 
 
+def apart(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, float]:
+    """(elements of ``b`` beyond WEIGHT_ATOL + DRIFT x |a|, elements, the largest difference)."""
+    d = (b.float() - a.float()).abs()
+    over = int((d > WEIGHT_ATOL + DRIFT * a.float().abs()).sum())
+    return over, d.numel(), float(d.max()) if d.numel() else 0.0
+
+
 def beyond_bound(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, tuple]:
-    """Per tensor of ``a``: (elements of ``b`` beyond WEIGHT_ATOL + DRIFT x |a|, elements, the
-    largest difference), for the tensors where that count exceeds max(1, NOISY_SHARE of it)."""
+    """Per tensor of ``a``: :func:`apart`, for the tensors where the count beyond the bound
+    exceeds max(1, NOISY_SHARE of its elements)."""
     assert sorted(a) == sorted(b)
     out = {}
     for name in a:
-        d = (b[name].float() - a[name].float()).abs()
-        over = int((d > WEIGHT_ATOL + DRIFT * a[name].float().abs()).sum())
-        if over > max(1, NOISY_SHARE * d.numel()):
-            out[name] = (over, d.numel(), float(d.max()))
+        over, numel, largest = apart(a[name], b[name])
+        if over > max(1, NOISY_SHARE * numel):
+            out[name] = (over, numel, largest)
     return out
 
 
