@@ -256,7 +256,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv=None) -> dict:
     from bench.decode_step import VARIANTS
-    from pipeline.regen.static_attention import ATTENTIONS
+    from pipeline.regen.static_attention import ATTENTIONS, ROW_LENGTHS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="HF folder, gguf:FILE or qwen3_8b_random")
@@ -273,13 +273,14 @@ def main(argv=None) -> dict:
     p.add_argument("--attention", choices=ATTENTIONS, default="sdpa",
                    help="the static engine's decode-step attention")
     p.add_argument("--compile-step", action="store_true",
-                   help="the static engine's decode step through torch.compile (varlen only)")
+                   help="the static engine's decode step through torch.compile "
+                        "(varlen or triton only)")
     p.add_argument("--sustained-prompts", type=int, default=0,
                    help="also decode this many prompts on one kept engine (0: off)")
     p.add_argument("--sustained-batch", type=int, default=0, help="its rows (0: --batch)")
     p.add_argument("--step-rows", type=_ints, default=[],
                    help="comma-separated row counts to time one decode step at (bench.decode_step)")
-    p.add_argument("--step-attention", default="sdpa,matmul,flex,varlen",
+    p.add_argument("--step-attention", default="sdpa,matmul,flex,varlen,triton",
                    help=f"step variants the step timing compares, from {', '.join(VARIANTS)}")
     p.add_argument("--profile", type=Path, default=None,
                    help="write the top kernels of a few decode steps (first --step-rows) here")
@@ -294,8 +295,9 @@ def main(argv=None) -> dict:
     wrong = [a for a in args.step_attention if a not in VARIANTS]
     if wrong or not args.step_attention:
         p.error(f"--step-attention {','.join(wrong) or '(empty)'}: allowed {', '.join(VARIANTS)}")
-    if args.compile_step and args.attention != "varlen":
-        p.error(f"--compile-step needs --attention varlen, not {args.attention}")
+    if args.compile_step and args.attention not in ROW_LENGTHS:
+        p.error(f"--compile-step needs --attention {' or '.join(ROW_LENGTHS)}, "
+                f"not {args.attention}")
     if args.profile is not None and not args.step_rows:
         p.error("--profile profiles the step timing: give --step-rows too")
     result = measure(args)

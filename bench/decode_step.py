@@ -9,7 +9,7 @@ the step must read and compute at that span: weights (the input embedding except
 gathered, not read) plus every row's K/V columns up to the span, against 4.8 TB/s, and 2 FLOPs
 a weight a row plus attention against 989 TFLOP/s (H200 datasheet, dense bf16). The useful
 share of the K/V read (columns a row actually has, the rest are masked) is reported too.
-The variant ``varlen+compile`` is varlen's step through ``torch.compile``
+The variants ``varlen+compile`` and ``triton+compile`` are those steps through ``torch.compile``
 (``static_decoder.compiled_forward``); ``first_step_s`` holds each variant's first, untimed
 step (a compile's cost there).
 """
@@ -23,14 +23,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from pipeline.regen.static_attention import ATTENTIONS, swapped
+from pipeline.regen.static_attention import ATTENTIONS, ROW_LENGTHS, swapped
 from pipeline.regen.static_decoder import StaticDecoder, compiled_forward
 
 log = logging.getLogger(__name__)
 
-# The step variants: each decode attention, and varlen's step through torch.compile.
+# The step variants: each decode attention, and the row-length steps through torch.compile.
 COMPILED = "+compile"
-VARIANTS = (*ATTENTIONS, "varlen" + COMPILED)
+VARIANTS = (*ATTENTIONS, *(a + COMPILED for a in ROW_LENGTHS))
 HBM_BYTES_PER_S = 4.8e12   # H200 datasheet
 DENSE_BF16_FLOPS = 989e12  # H200 datasheet
 
@@ -64,7 +64,7 @@ def _sync(device) -> None:
 def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int,
             attention: str = "sdpa") -> StaticDecoder:
     """A decoder whose ``rows`` rows all hold a prompt (cycled) and stay live for ``steps``
-    (its cache laid out for ``attention``: token-major for varlen)."""
+    (its cache laid out for ``attention``: token-major for varlen and triton)."""
     chosen = [list(prompts[i % len(prompts)]) for i in range(rows)]
     longest = max(map(len, chosen))
     decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
@@ -136,14 +136,14 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     """ms/step at ``rows`` for each attention variant (captured where on CUDA, and uncaptured),
     with the datasheet ceiling; ``profile``: the top kernels of 3 uncaptured steps (and of 3
     replays) per variant, written to that file as each variant ends. The variants run one
-    after another on one decoder filled once (a prefill of ``rows`` prompts); varlen, whose
-    cache is token-major, on a second one filled alike once the first is freed."""
+    after another on one decoder filled once (a prefill of ``rows`` prompts); varlen and
+    triton, whose cache is token-major, on a second one filled alike once the first is freed."""
     device = next(model.parameters()).device
     per_variant = 2 * steps + 10  # steps a variant moves every row: warm-ups, timed, profiled
     out: dict = {"rows": rows, "steps_timed": steps, "variants": {}}
     tables = []
-    layouts = [[a for a in attentions if not a.startswith("varlen")],
-               [a for a in attentions if a.startswith("varlen")]]
+    token_major = [a for a in attentions if a.removesuffix(COMPILED) in ROW_LENGTHS]
+    layouts = [[a for a in attentions if a not in token_major], token_major]
     for group in (g for g in layouts if g):
         decoder = _filled(model, prompts, rows, len(group) * per_variant,
                           group[0].removesuffix(COMPILED))

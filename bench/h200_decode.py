@@ -13,9 +13,10 @@ the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau 
 64 prompts x 256 new tokens by the batched evaluator and by the per-prompt one on 2 prompts
 (``bench.decode_eval``); the 8B training step alone and beside a running evaluation
 (``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
-same tau and outputs. transformers' continuous batching (``bench.decode_regen``) and the
-sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``) run only
-when named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
+same tau and outputs. transformers' continuous batching (``bench.decode_regen``), the
+sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``) and those on
+the ``triton`` step (``smol_triton``, ``q8b_triton``, ``q8b_triton_compile``) run only when
+named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
 own cap), and one that would start with too little is skipped and said so. The result file,
 written after every run, gathers the figures under the keys of issue 32 and keeps every
 sub-result (partial ones of a run cut short included) under ``runs``.
@@ -70,6 +71,16 @@ H200 = {
     "q8b_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
                     "--sustained-prompts 1024 --sustained-batch 512 --attention varlen "
                     "--compile-step", 220),
+    # The same sustained runs on the triton step (pipeline/regen/row_kernel.py), plain and
+    # compiled: on request until measured against varlen on the H200.
+    "smol_triton": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
+                    "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
+                    "--attention triton", 90),
+    "q8b_triton": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
+                   "--sustained-prompts 1024 --sustained-batch 512 --attention triton", 150),
+    "q8b_triton_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= "
+                           "--max-new-tokens 256 --sustained-prompts 1024 --sustained-batch 512 "
+                           "--attention triton --compile-step", 220),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
@@ -100,12 +111,16 @@ TINY = {
                     "--sustained-batch 4 --attention varlen", TINY_CAP_S),
     "smol_cb": ("bench.decode_regen", "--model {folder} --prompts 4 --max-new-tokens 6 "
                 "--batch 4 --device cpu --dtype float32 --humaneval {humaneval}", TINY_CAP_S),
+    "smol_triton": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 6 "
+                    "--device cpu --dtype fp32 --humaneval {humaneval} --sustained-prompts 10 "
+                    "--sustained-batch 4 --attention triton", TINY_CAP_S),
 }
 BACKGROUND = ("cpu_eval_equal",)
 MIN_START_S = 20  # a run is not started with less of the budget left than this
 # Run only when named in --only: continuous batching (measured on 2026-12-03, docs/BENCHMARKS.md,
-# and slow: 90 s), and the compiled steps (a compile of up to a minute each).
-ON_REQUEST = ("smol_cb", "smol_compile", "q8b_compile")
+# and slow: 90 s), the compiled steps (a compile of up to a minute each), and the triton step.
+ON_REQUEST = ("smol_cb", "smol_compile", "q8b_compile", "smol_triton", "q8b_triton",
+              "q8b_triton_compile")
 
 
 class Run:
@@ -149,8 +164,15 @@ def gather(runs: dict) -> dict:
             node = node[key]
         return node
 
-    def model(static, cb, evaluation, varlen, compiled):
+    def sustained(label, name):
+        return {f"regen_sustained_{label}_tokens_per_s": pick(name, "sustained", "tokens_per_s"),
+                f"regen_sustained_{label}_decode_tokens_per_s": pick(name, "sustained", "timed",
+                                                                     "decode_tokens_per_s")}
+
+    def model(prefix, cb, evaluation):
+        static = f"{prefix}_static"
         step = pick(static, "step") or {}
+        compiled = f"{prefix}_compile"
         return {
             "regen_tokens_per_s": pick(static, "runs", "static", "tokens_per_s"),
             "regen_sustained_tokens_per_s": pick(static, "sustained", "tokens_per_s"),
@@ -160,13 +182,13 @@ def gather(runs: dict) -> dict:
                                 ("prompts", "batch", "wall_s", "setup.wall_s",
                                  "timed.prefill_s", "timed.capture_s", "timed.decode_s",
                                  "timed.ms_per_step")},
-            "regen_sustained_varlen_tokens_per_s": pick(varlen, "sustained", "tokens_per_s"),
-            "regen_sustained_varlen_decode_tokens_per_s": pick(varlen, "sustained", "timed",
-                                                               "decode_tokens_per_s"),
-            "regen_sustained_compiled_tokens_per_s": pick(compiled, "sustained", "tokens_per_s"),
-            "regen_sustained_compiled_decode_tokens_per_s": pick(compiled, "sustained", "timed",
-                                                                 "decode_tokens_per_s"),
+            **sustained("varlen", f"{prefix}_varlen"),
+            **sustained("compiled", compiled),
             "regen_sustained_compiled_setup_s": pick(compiled, "sustained", "setup", "wall_s"),
+            **sustained("triton", f"{prefix}_triton"),
+            **sustained("triton_compiled", f"{prefix}_triton_compile"),
+            "regen_sustained_triton_compiled_setup_s": pick(f"{prefix}_triton_compile",
+                                                            "sustained", "setup", "wall_s"),
             "decode_step_ms": {f"{rows} rows, {name}": {
                 k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
                                       "ceiling_share", "error") if k != "error" or k in v}
@@ -186,9 +208,8 @@ def gather(runs: dict) -> dict:
 
     equal = runs.get("cpu_eval_equal", {})
     return {
-        "smollm2_135m": model("smol_static", "smol_cb", "smol_eval", "smol_varlen",
-                              "smol_compile"),
-        "qwen3_8b_random": model("q8b_static", None, "q8b_eval", "q8b_varlen", "q8b_compile"),
+        "smollm2_135m": model("smol", "smol_cb", "smol_eval"),
+        "qwen3_8b_random": model("q8b", None, "q8b_eval"),
         "training_step_ms_8b": {name: pick("q8b_beside", "phases", name, "median_ms")
                                 for name in (runs.get("q8b_beside", {}).get("phases") or {})},
         "training_slowdown_beside_eval_8b": pick("q8b_beside", "slowdown_vs_alone"),

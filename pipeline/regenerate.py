@@ -66,12 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="static: requests decoded at once (the KV cache's rows)")
     p.add_argument("--static-attention", choices=ATTENTIONS,
                    default=_DEFAULTS["static_attention"],
-                   help="static: the decode step's attention (flex and varlen read each "
-                        "row's own prefix only; auto: varlen on CUDA in bf16/fp16, else sdpa)")
+                   help="static: the decode step's attention (flex, varlen and triton read "
+                        "each row's own prefix only; auto: varlen on CUDA in bf16/fp16, else "
+                        "sdpa)")
     p.add_argument("--static-compile", action=argparse.BooleanOptionalAction,
                    default=_DEFAULTS["static_compile"],
                    help="static: the decode step through torch.compile (with "
-                        "--static-attention varlen only)")
+                        "--static-attention varlen or triton only)")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,

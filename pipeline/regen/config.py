@@ -8,7 +8,7 @@ from typing import Optional
 
 from pipeline.data.config import FORMATS, ON_BAD_LINE
 from pipeline.regen.cb import ENGINES, CbOptions
-from pipeline.regen.static_attention import CHOICES as ATTENTIONS
+from pipeline.regen.static_attention import CHOICES as ATTENTIONS, ROW_LENGTHS
 from pipeline.validate import require, require_choice
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,11 +34,12 @@ class RegenConfig:
     batch_size: Optional[int] = None
     static_rows: int = 512  # static: the KV cache's rows (requests decoded at once)
     # static: the decode step's attention (pipeline/regen/static_attention.py: sdpa and
-    # matmul read every row's cache up to the furthest row; flex and varlen each row's own
-    # prefix). auto: varlen where its kernel runs (CUDA, bf16/fp16), else sdpa.
+    # matmul read every row's cache up to the furthest row; flex, varlen and triton each
+    # row's own prefix). auto: varlen where its kernel runs (CUDA, bf16/fp16), else sdpa.
     static_attention: str = "auto"
     # static: the decode step through torch.compile (fused norms, RoPE and activations; the
-    # compile is paid once per worker and kept in the compile cache). varlen attention only.
+    # compile is paid once per worker and kept in the compile cache). varlen or triton
+    # attention only.
     static_compile: bool = False
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
@@ -80,10 +81,10 @@ class RegenConfig:
         require_choice("--engine", self.engine, ENGINES)
         require_choice("--static-attention", self.static_attention, ATTENTIONS)
         require(not self.static_compile or (self.engine == "static"
-                                             and self.static_attention == "varlen"),
+                                             and self.static_attention in ROW_LENGTHS),
                 "--static-compile", self.static_compile,
-                "only with --engine static and --static-attention varlen (one compiled shape "
-                "serves every span)")
+                f"only with --engine static and --static-attention {' or '.join(ROW_LENGTHS)} "
+                "(one compiled shape serves every span)")
         self.cb_options()  # its checks name the --cb-* flags
 
     @property

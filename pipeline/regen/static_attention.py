@@ -37,6 +37,11 @@ calls only (``swapped``):
   span. CUDA in fp16/bf16 only (the kernel's); elsewhere the same layout and lengths go
   through SDPA with a mask built from them, so CPU tests check the plumbing and the GPU test
   the kernel.
+- ``triton``: as ``varlen`` (the same token-major cache, each row's filled length as the
+  mask), the decode step through a Triton kernel of ours (:mod:`pipeline.regen.row_kernel`
+  says why: the flash kernel pads each row's few queries to 128-row tiles). CUDA, and CPU
+  under Triton's interpreter (``TRITON_INTERPRET=1``: the kernel's CPU test); elsewhere
+  varlen's SDPA form.
 
 The cache's ``[:, :, :span]`` slice is a view (strides of the whole capacity): neither variant
 copies it, as both kernels take a strided batch with a unit last stride.
@@ -45,6 +50,7 @@ copies it, as both kernels take a strided batch with a unit last stride.
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 
 import torch
@@ -53,8 +59,12 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface
 
 NAMES = {"sdpa": "pipeline_static_rows", "matmul": "pipeline_static_rows_matmul",
-         "flex": "pipeline_static_rows_flex", "varlen": "pipeline_static_rows_varlen"}
+         "flex": "pipeline_static_rows_flex", "varlen": "pipeline_static_rows_varlen",
+         "triton": "pipeline_static_rows_triton"}
 ATTENTIONS = tuple(NAMES)
+# The variants whose cache is token-major and whose step mask is each row's filled length:
+# one captured graph (and one compiled shape) serves every span.
+ROW_LENGTHS = ("varlen", "triton")
 NAME = NAMES["sdpa"]
 # What pipeline.regenerate offers: "auto" picks varlen where its kernel runs (the fastest
 # there: SmolLM2-135M on the H200 at 4,096 rows, 104.9k tokens/s sustained against sdpa's
@@ -161,10 +171,25 @@ def _has_seqused_k() -> bool:
     return op is not None and any(a.name == "seqused_k" for a in op.default._schema.arguments)
 
 
+def _triton_missing() -> str | None:
+    """Why the ``triton`` kernel cannot be built here (None: it can)."""
+    try:
+        import pipeline.regen.row_kernel  # noqa: F401  (Triton compiles the kernel on first use)
+    except ImportError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def check_attention(attention: str, device: torch.device, dtype: torch.dtype) -> None:
-    """Refuse, in one line, ``varlen`` on CUDA where its kernel cannot run (elsewhere its SDPA
-    form runs, by design, for tests)."""
-    if attention != "varlen" or torch.device(device).type != "cuda":
+    """Refuse, in one line, ``varlen`` or ``triton`` on CUDA where its kernel cannot run
+    (elsewhere varlen's SDPA form runs, by design, for tests)."""
+    if attention not in ROW_LENGTHS or torch.device(device).type != "cuda":
+        return
+    if attention == "triton":
+        missing = _triton_missing()
+        if missing is not None:
+            raise ValueError(f"attention=triton: its kernel cannot be built ({missing}): "
+                             "use varlen")
         return
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"attention=varlen on CUDA needs a bf16 or fp16 model (the flash "
@@ -232,10 +257,32 @@ def row_attention_varlen(module, query, key, value, attention_mask, scaling=None
     return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
+def _triton_kernel_serves(query: torch.Tensor) -> bool:
+    if query.is_cuda:
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1" and query.dtype == torch.float32
+
+
+def row_attention_triton(module, query, key, value, attention_mask, scaling=None,
+                         dropout=0.0, **kwargs):
+    """As :func:`row_attention_varlen` (same cache, same lengths), the decode step through
+    :func:`pipeline.regen.row_kernel.rows_decode`."""
+    b, heads, q_len, dim = query.shape
+    if q_len != 1 or not _triton_kernel_serves(query):
+        return row_attention_varlen(module, query, key, value, attention_mask, scaling)
+    if not query.is_cuda:  # the interpreter; on CUDA check_attention registered the op
+        import pipeline.regen.row_kernel  # noqa: F401
+    scale = dim ** -0.5 if scaling is None else scaling
+    out = torch.ops.pipeline.rows_decode(query[:, :, 0], key, value,
+                                         attention_mask.reshape(b), scale)
+    return out.view(b, 1, heads, dim), None
+
+
 AttentionInterface.register(NAMES["sdpa"], row_attention)
 AttentionInterface.register(NAMES["matmul"], row_attention_matmul)
 AttentionInterface.register(NAMES["flex"], row_attention_flex)
 AttentionInterface.register(NAMES["varlen"], row_attention_varlen)
+AttentionInterface.register(NAMES["triton"], row_attention_triton)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from pipeline.model.cache_keyword import cache_keyword
-from pipeline.regen.static_attention import decode_block_mask
+from pipeline.regen.static_attention import ROW_LENGTHS, decode_block_mask
 from pipeline.regen.static_cache import RowCache
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,8 @@ class StaticDecoder:
         self.rows, self.max_length = rows, max_length
         self.prefill_tokens, self.span_bucket, self.timing = prefill_tokens, span_bucket, timing
         # The decode step's mask follows its attention (static_attention): an additive tensor
-        # (sdpa, matmul), a flex block mask (flex), or each row's filled length (varlen,
-        # whose cache is token-major for the varlen kernel).
+        # (sdpa, matmul), a flex block mask (flex), or each row's filled length (varlen and
+        # triton, whose cache is token-major for their kernels).
         self.attention = attention
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         if cuda_graphs and not self.use_graphs:
@@ -81,7 +81,7 @@ class StaticDecoder:
         # dimension aligned, and would otherwise copy it (or fall back to the math kernel).
         self.capacity = aligned_columns(max_length)
         self.cache = RowCache(model.config, rows, self.capacity, self.dtype, self.device,
-                              token_major=attention == "varlen")
+                              token_major=attention in ROW_LENGTHS)
         dev = self.device
         # Per-row state, updated in place by the step so that a captured graph sees it.
         self.ids = torch.zeros(rows, dtype=torch.long, device=dev)       # token fed next
@@ -163,7 +163,7 @@ class StaticDecoder:
     def _span(self, owner: list[int | None], steps: int) -> int:
         """Columns the next ``steps`` decode steps attend to, rounded up to a bucket: the
         furthest live row's position plus ``steps`` (every owned row is live after a collect)."""
-        if self.attention == "varlen":  # each row reads its own length: one graph serves all
+        if self.attention in ROW_LENGTHS:  # each row reads its own length: one graph serves all
             return self.capacity
         top = max(p for p, o in zip(self.host_pos, owner) if o is not None) + steps + 1
         span = -(-top // self.span_bucket) * self.span_bucket
@@ -236,7 +236,7 @@ class StaticDecoder:
         self.cache.positions, self.cache.span = self.pos, span
         if self.attention == "flex":
             mask = decode_block_mask(self.pos, span)
-        elif self.attention == "varlen":
+        elif self.attention in ROW_LENGTHS:
             mask = (self.pos + 1).to(torch.int32).view(-1, 1, 1, 1)
         else:
             mask = self._additive((self.columns[None, :span] <= self.pos[:, None])[:, None, None])

@@ -21,7 +21,7 @@ import torch
 
 from pipeline.regen.cache_budget import (LONG_SHARE, MAIN_SHARE, columns_within, free_bytes,
                                          rows_within, slot_bytes)
-from pipeline.regen.static_attention import ATTENTIONS, check_attention, swapped
+from pipeline.regen.static_attention import ATTENTIONS, ROW_LENGTHS, check_attention, swapped
 from pipeline.regen.static_cache import check_supported
 from pipeline.regen.static_decoder import StaticDecoder, aligned_columns
 
@@ -53,7 +53,8 @@ class StaticEngine:
     (default: 1/8 of the rows) or no more are waiting; attention spans are rounded up to
     ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
     attention (``static_attention.ATTENTIONS``). ``compile_step``: the decode step's forward
-    through ``torch.compile`` (varlen attention only, see :func:`~pipeline.regen.static_decoder.compiled_forward`).
+    through ``torch.compile`` (varlen or triton attention only, see
+    :func:`~pipeline.regen.static_decoder.compiled_forward`).
     ``timing``: wait for the device around prefills and captures, so ``last_stats`` splits
     setup from decoding (benches).
     ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
@@ -74,9 +75,9 @@ class StaticEngine:
                 raise ValueError(f"{key} must be >= 1, got {value}")
         if attention not in ATTENTIONS:
             raise ValueError(f"attention {attention!r}: allowed {', '.join(ATTENTIONS)}")
-        if compile_step and attention != "varlen":
-            raise ValueError(f"compile_step needs attention varlen (one compiled shape serves "
-                             f"every span), not {attention}")
+        if compile_step and attention not in ROW_LENGTHS:
+            raise ValueError(f"compile_step needs attention {' or '.join(ROW_LENGTHS)} (one "
+                             f"compiled shape serves every span), not {attention}")
         if cache_gb is not None and cache_gb <= 0:
             raise ValueError(f"cache_gb must be > 0, got {cache_gb}")
         self.model, self.batch_size = model, batch_size

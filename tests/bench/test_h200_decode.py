@@ -32,7 +32,7 @@ def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     # The prompts past HumanEval's two come from stdlib APIs, none repeated.
     assert run["prompt_source"] == {"humaneval": 2, "stdlib_api": 8, "repeated": 0}
     step = run["step"]["4"]["variants"]
-    assert set(step) == {"sdpa", "matmul", "flex", "varlen"}
+    assert set(step) == {"sdpa", "matmul", "flex", "varlen", "triton"}
     for figures in step.values():
         assert "error" not in figures
         assert figures["uncaptured_ms"] > 0 and figures["ceiling_ms"] > 0
@@ -40,7 +40,7 @@ def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     profile = (logs / "smol_step_profile.txt").read_text()
     assert "== sdpa: 3 uncaptured decode steps" in profile and "aten::" in profile
     assert set(smol["decode_step_ms"]) == {"4 rows, sdpa", "4 rows, matmul", "4 rows, flex",
-                                           "4 rows, varlen"}
+                                           "4 rows, varlen", "4 rows, triton"}
     assert smol["regen_sustained_varlen_tokens_per_s"] is None  # its run was not asked for
 
 
@@ -96,3 +96,22 @@ def test_compiled_sustained_runs_are_gathered_apart():
     assert q8b["regen_sustained_varlen_tokens_per_s"] is None
     assert result["smollm2_135m"]["regen_sustained_compiled_tokens_per_s"] is None
     assert set(h200_decode.ON_REQUEST) >= {"smol_compile", "q8b_compile"}
+
+
+def test_each_sustained_variant_lands_under_its_own_keys():
+    """gather: the varlen, compiled, triton and compiled-triton sustained runs of a model each
+    fill their own keys (a run not made leaves None, never another run's figure)."""
+    def run(rate):
+        return {"sustained": {"tokens_per_s": rate, "timed": {"decode_tokens_per_s": 2 * rate},
+                              "setup": {"wall_s": rate / 100}}}
+
+    result = h200_decode.gather({"q8b_varlen": run(100.0), "q8b_compile": run(200.0),
+                                 "q8b_triton_compile": run(400.0)})
+    q8b = result["qwen3_8b_random"]
+    assert q8b["regen_sustained_varlen_tokens_per_s"] == 100.0
+    assert q8b["regen_sustained_compiled_decode_tokens_per_s"] == 400.0
+    assert q8b["regen_sustained_compiled_setup_s"] == 2.0
+    assert q8b["regen_sustained_triton_tokens_per_s"] is None
+    assert q8b["regen_sustained_triton_compiled_tokens_per_s"] == 400.0
+    assert q8b["regen_sustained_triton_compiled_setup_s"] == 4.0
+    assert result["smollm2_135m"]["regen_sustained_triton_tokens_per_s"] is None

@@ -58,6 +58,19 @@ def test_varlen_on_cuda_is_refused_where_its_kernel_cannot_run(monkeypatch):
     sa.check_attention("sdpa", cuda, torch.float32)
 
 
+def test_triton_on_cuda_is_refused_where_its_kernel_cannot_be_built(monkeypatch):
+    """No Triton (or a kernel module that fails to import): one line naming why and what to
+    use instead; CPU runs varlen's SDPA form."""
+    import pipeline.regen.static_attention as sa
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(sa, "_triton_missing", lambda: "ModuleNotFoundError: no triton")
+    with pytest.raises(ValueError, match=r"^attention=triton: its kernel cannot be built "
+                                         r"\(ModuleNotFoundError: no triton\): use varlen$"):
+        sa.check_attention("triton", cuda, torch.bfloat16)
+    sa.check_attention("triton", torch.device("cpu"), torch.float32)
+
+
 def test_auto_picks_varlen_only_where_its_kernel_runs(monkeypatch):
     """auto: varlen on CUDA in bf16/fp16 with a seqused_k kernel, sdpa elsewhere (CPU, fp32,
     an older torch); a named attention is kept as it is."""

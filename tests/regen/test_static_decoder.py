@@ -153,11 +153,11 @@ def test_one_engine_across_calls_keeps_its_decoder(model_dirs, caplog):
     assert sum("rebuilt" in r.getMessage() for r in caplog.records) == 1
 
 
-@pytest.mark.parametrize("attention", ["matmul", "flex", "varlen"])
+@pytest.mark.parametrize("attention", ["matmul", "flex", "varlen", "triton"])
 def test_other_attentions_equal_generate(model_dirs, attention):
     """The decode step's other attention variants (two matmuls with an fp32 softmax; flex over
     each row's filled key blocks; varlen's token-major cache read to each row's length, here
-    through its SDPA form): the same answers. Span buckets of 16 columns make the flex block
+    through its SDPA form, as triton's is without Triton's interpreter): the same answers. Span buckets of 16 columns make the flex block
     mask hold full, partial and skipped blocks at once."""
     model = _load(model_dirs["qwen3"])
     prompts = _prompts(6, seed=7)
@@ -165,7 +165,7 @@ def test_other_attentions_equal_generate(model_dirs, attention):
     _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, cuda_graphs=False,
                                attention=attention, span_bucket=16),
                  _reference(model, prompts, stops))
-    with pytest.raises(ValueError, match="attention 'flash': allowed sdpa, matmul, flex, varlen"):
+    with pytest.raises(ValueError, match="attention 'flash': allowed sdpa, matmul, flex, varlen, triton$"):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, attention="flash")
 
 
@@ -213,5 +213,5 @@ def test_compiled_step_equals_generate(model_dirs, monkeypatch):
                                attention="varlen", compile_step=True),
                  _reference(model, prompts, stops))
     assert counters["stats"]["unique_graphs"] == 1  # one graph for every step and span
-    with pytest.raises(ValueError, match="compile_step needs attention varlen .* not sdpa"):
+    with pytest.raises(ValueError, match="compile_step needs attention varlen or triton .* not sdpa"):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, compile_step=True)
