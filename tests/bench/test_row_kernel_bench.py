@@ -1,0 +1,28 @@
+"""bench.row_kernel at the tiny scale on CPU, the kernel through Triton's interpreter: every
+launch setting of the grid runs and answers as the varlen attention does, at both shapes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_setting_answers_as_varlen(tmp_path):
+    out = tmp_path / "rk.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.row_kernel", "--scale", "tiny",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, TRITON_INTERPRET="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shapes = json.loads(out.read_text())["shapes"]
+    assert set(shapes) == {"qwen3_8b", "smollm2_135m"}
+    for shape in shapes.values():
+        assert len(shape["settings"]) == 2  # BLOCK_N 16 and 64: one and several blocks a row
+        for setting in shape["settings"]:
+            assert "error" not in setting and setting["max_diff_vs_varlen"] < 1e-5, setting
+        assert shape["default_us"] is not None and shape["best"]["us"] > 0
