@@ -23,6 +23,20 @@ def _tiny_llama(path):
     return path
 
 
+def _loaded(path, device, dtype=torch.float32):
+    """The tiny Llama at ``path`` on ``device``, without an eos of its own (each test's stops)."""
+    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(path), dtype=dtype)
+    model = model.to(device).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _random_prompts(seed, n, longest):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 96, (k,), generator=g).tolist()
+            for k in torch.randint(1, longest, (n,), generator=g).tolist()]
+
+
 def _generate(model, prompt, stops, max_new=MAX_NEW):
     ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -32,13 +46,10 @@ def _generate(model, prompt, stops, max_new=MAX_NEW):
 
 
 def test_graphs_equal_eager_and_generate(tmp_path, device, on_cuda):
-    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=torch.float32)
-    model = model.to(device).eval()
-    model.generation_config.eos_token_id = None
-    g = torch.Generator().manual_seed(4)
+    model = _loaded(tmp_path, device)
     # Long and short prompts, so that rows cross several attention span buckets (16 columns).
-    lengths = torch.randint(1, 60, (21,), generator=g).tolist()
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in lengths]
+    prompts = _random_prompts(4, 21, 60)
+    lengths = [len(p) for p in prompts]
     with torch.no_grad():
         free = [_generate(model, p, set()) for p in prompts]
     stops = {free[0][3], free[1][5]}  # tokens real answers contain: rows end at different steps
@@ -67,12 +78,8 @@ def test_one_engine_reuses_its_graphs_across_calls(tmp_path, device, on_cuda):
     Both decode-step attention variants."""
     from pipeline.regen.static_engine import StaticEngine
 
-    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=torch.float32)
-    model = model.to(device).eval()
-    model.generation_config.eos_token_id = None
-    g = torch.Generator().manual_seed(5)
-    first = [torch.randint(0, 96, (n,), generator=g).tolist()
-             for n in torch.randint(1, 40, (8,), generator=g).tolist()]
+    model = _loaded(tmp_path, device)
+    first = _random_prompts(5, 8, 40)
     first.append([i % 96 for i in range(39)])  # the longest any call brings
     second = [p[:12] for p in first[:4]]
     with torch.no_grad():
@@ -143,13 +150,8 @@ def _two_engines(tmp_path, device, on_cuda, seed, first: dict, second: dict):
     give alike, bf16 on CUDA and fp32 elsewhere, and the second engine."""
     from pipeline.regen.static_engine import StaticEngine
 
-    dtype = torch.bfloat16 if on_cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=dtype)
-    model = model.to(device).eval()
-    model.generation_config.eos_token_id = None
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist()
-               for n in torch.randint(1, 60, (21,), generator=g).tolist()]
+    model = _loaded(tmp_path, device, torch.bfloat16 if on_cuda else torch.float32)
+    prompts = _random_prompts(seed, 21, 60)
     answers = []
     for keywords in (first, second):
         engine = StaticEngine(model, 6, sync_every=4, span_bucket=16, **keywords)
@@ -188,12 +190,8 @@ def test_triton_engine_answers_as_generate_and_as_varlen(tmp_path, device, on_cu
     mapping would change nearly every answer."""
     from pipeline.regen.static_engine import StaticEngine
 
-    model = AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path), dtype=torch.float32)
-    model = model.to(device).eval()
-    model.generation_config.eos_token_id = None
-    g = torch.Generator().manual_seed(9)
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist()
-               for n in torch.randint(1, 60, (21,), generator=g).tolist()]
+    model = _loaded(tmp_path, device)
+    prompts = _random_prompts(9, 21, 60)
     with torch.no_grad():
         free = [_generate(model, p, set()) for p in prompts]
         stops = {free[0][3], free[1][5]}
