@@ -119,7 +119,8 @@ def run_one(name, model, prompts, max_new, stops, batch, pad_id, args):
         engine = StaticEngine(model, batch, cuda_graphs=name == "static",
                               sync_every=args.sync_every, refill_rows=args.refill_rows,
                               attention=args.attention, timing=True,
-                              compile_step=args.compile_step)
+                              compile_step=args.compile_step,
+                              compile_prefill=args.compile_prefill)
         return engine.decode(prompts, max_new, stops), engine.last_stats
     return hf_generate(model, prompts, max_new, stops, batch, pad_id, name == "hf_static"), None
 
@@ -169,7 +170,8 @@ def sustained_run(args, model, prompts, stops) -> dict:
 
     rows = args.sustained_batch or args.batch
     engine = StaticEngine(model, rows, sync_every=args.sync_every, refill_rows=args.refill_rows,
-                          attention=args.attention, timing=True, compile_step=args.compile_step)
+                          attention=args.attention, timing=True, compile_step=args.compile_step,
+                          compile_prefill=args.compile_prefill)
     with torch.no_grad():
         # The longest prompts first: the cache is then sized for every later one (one build).
         wave = sorted(prompts, key=len, reverse=True)[:rows]
@@ -275,6 +277,8 @@ def main(argv=None) -> dict:
     p.add_argument("--compile-step", action="store_true",
                    help="the static engine's decode step through torch.compile "
                         "(varlen or triton only)")
+    p.add_argument("--compile-prefill", action="store_true",
+                   help="the static engine's prefills through torch.compile (symbolic shapes)")
     p.add_argument("--sustained-prompts", type=int, default=0,
                    help="also decode this many prompts on one kept engine (0: off)")
     p.add_argument("--sustained-batch", type=int, default=0, help="its rows (0: --batch)")

@@ -14,9 +14,9 @@ the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau 
 (``bench.decode_eval``); the 8B training step alone and beside a running evaluation
 (``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
 same tau and outputs. transformers' continuous batching (``bench.decode_regen``), the
-sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``) and those on
-the ``triton`` step (``smol_triton``, ``q8b_triton``, ``q8b_triton_compile``) run only when
-named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
+sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``, and with the
+prefills compiled too ``q8b_compile_prefill``) and those on the ``triton`` step
+(``smol_triton``, ``q8b_triton``, ``q8b_triton_compile``) run only when named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
 own cap), and one that would start with too little is skipped and said so. The result file,
 written after every run, gathers the figures under the keys of issue 32 and keeps every
 sub-result (partial ones of a run cut short included) under ``runs``.
@@ -81,6 +81,11 @@ H200 = {
     "q8b_triton_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= "
                            "--max-new-tokens 256 --sustained-prompts 1024 --sustained-batch 512 "
                            "--attention triton --compile-step", 220),
+    # The compiled step with the prefills compiled too (--static-compile-prefill): on request.
+    "q8b_compile_prefill": ("bench.decode_static", "--model qwen3_8b_random --runs= "
+                            "--max-new-tokens 256 --sustained-prompts 1024 "
+                            "--sustained-batch 512 --attention varlen --compile-step "
+                            "--compile-prefill", 300),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
     "cpu_eval_equal": ("bench.decode_eval", "--target builtin:tiny-qwen3 --prompts 6 "
@@ -118,9 +123,10 @@ TINY = {
 BACKGROUND = ("cpu_eval_equal",)
 MIN_START_S = 20  # a run is not started with less of the budget left than this
 # Run only when named in --only: continuous batching (measured on 2026-12-03, docs/BENCHMARKS.md,
-# and slow: 90 s), the compiled steps (a compile of up to a minute each), and the triton step.
+# and slow: 90 s), the compiled steps and prefills (a compile of up to a minute each), and the
+# triton step.
 ON_REQUEST = ("smol_cb", "smol_compile", "q8b_compile", "smol_triton", "q8b_triton",
-              "q8b_triton_compile")
+              "q8b_triton_compile", "q8b_compile_prefill")
 
 
 class Run:
@@ -189,6 +195,11 @@ def gather(runs: dict) -> dict:
             **sustained("triton_compiled", f"{prefix}_triton_compile"),
             "regen_sustained_triton_compiled_setup_s": pick(f"{prefix}_triton_compile",
                                                             "sustained", "setup", "wall_s"),
+            **sustained("compiled_prefill", f"{prefix}_compile_prefill"),
+            "regen_sustained_compiled_prefill_prefill_s": pick(
+                f"{prefix}_compile_prefill", "sustained", "timed", "prefill_s"),
+            "regen_sustained_compiled_prefill_setup_s": pick(
+                f"{prefix}_compile_prefill", "sustained", "setup", "wall_s"),
             "decode_step_ms": {f"{rows} rows, {name}": {
                 k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
                                       "ceiling_share", "error") if k != "error" or k in v}

@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_DEFAULTS["static_compile"],
                    help="static: the decode step through torch.compile (with "
                         "--static-attention varlen or triton only)")
+    p.add_argument("--static-compile-prefill", action=argparse.BooleanOptionalAction,
+                   default=_DEFAULTS["static_compile_prefill"],
+                   help="static: the prefills through torch.compile (symbolic shapes, any "
+                        "attention)")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,

@@ -53,7 +53,8 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
                         enable_thinking=cfg.enable_thinking, engine=cfg.engine,
                         cb_options=cfg.cb_options(), static_rows=cfg.static_rows,
                         static_attention=cfg.static_attention,
-                        static_compile=cfg.static_compile)
+                        static_compile=cfg.static_compile,
+                        static_compile_prefill=cfg.static_compile_prefill)
             for rank in range(cfg.num_workers)]
 
 

@@ -41,6 +41,9 @@ class RegenConfig:
     # compile is paid once per worker and kept in the compile cache). varlen or triton
     # attention only.
     static_compile: bool = False
+    # static: the prefills through torch.compile with symbolic shapes (fused norms, RoPE and
+    # activations over every prompt token; one compile a worker), any attention.
+    static_compile_prefill: bool = False
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).
@@ -85,6 +88,9 @@ class RegenConfig:
                 "--static-compile", self.static_compile,
                 f"only with --engine static and --static-attention {' or '.join(ROW_LENGTHS)} "
                 "(one compiled shape serves every span)")
+        require(not self.static_compile_prefill or self.engine == "static",
+                "--static-compile-prefill", self.static_compile_prefill,
+                "only with --engine static")
         self.cb_options()  # its checks name the --cb-* flags
 
     @property

@@ -25,7 +25,8 @@ class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
                  max_new_tokens: int, enable_thinking: bool = True, engine: str = "static",
                  cb_options: Optional[CbOptions] = None, static_rows: int = 512,
-                 static_attention: str = "auto", static_compile: bool = False) -> None:
+                 static_attention: str = "auto", static_compile: bool = False,
+                 static_compile_prefill: bool = False) -> None:
         self.rank = rank
         self.enable_thinking = enable_thinking
         self.device = actor_device(device)
@@ -55,7 +56,8 @@ class GeneratorWorker:
                 log.info("generator %d: --static-attention auto: %s on %s (%s)", rank,
                          attention, param.device, param.dtype)
             self.static = StaticEngine(self.model, static_rows, attention=attention,
-                                       compile_step=static_compile)
+                                       compile_step=static_compile,
+                                       compile_prefill=static_compile_prefill)
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
 

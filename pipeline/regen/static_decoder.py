@@ -56,15 +56,28 @@ def compiled_forward(body):
     return torch.compile(body, backend=COMPILE_BACKEND, dynamic=False, fullgraph=True)
 
 
+def compiled_prefill(body):
+    """``body``'s forward through ``torch.compile`` for the prefills (``compile_prefill``).
+
+    At the 8B shape the prefill of the refills takes 11.6 s of a 27-30 s regeneration
+    (docs/BENCHMARKS.md, 2026-12-04 day 4), its matmuls some two thirds of that: the rest is
+    the same small kernels a layer as the step's, over a group's every token. A group's rows
+    and columns change from call to call, so the shapes are symbolic (``dynamic=True``): one
+    compile serves every group, with at most one more where dynamo specialises a size of 1
+    (a group of one prompt). Not captured: a prefill's work dwarfs its launches."""
+    return torch.compile(body, backend=COMPILE_BACKEND, dynamic=True, fullgraph=True)
+
+
 class StaticDecoder:
     """The cache, the per-row state on device, and the decode step (captured or not)."""
 
     def __init__(self, model, rows: int, max_length: int, max_new_tokens: int, stops,
                  *, cuda_graphs: bool, prefill_tokens: int, span_bucket: int,
-                 timing: bool = False, attention: str = "sdpa", compile_step: bool = False):
+                 timing: bool = False, attention: str = "sdpa", compile_step: bool = False,
+                 compile_prefill: bool = False):
         self.model, self.body, self.head = model, model.base_model, model.get_output_embeddings()
-        # Prefills run the body as it is (their shapes change with every group).
         self.step_forward = compiled_forward(self.body) if compile_step else self.body
+        self.prefill_forward = compiled_prefill(self.body) if compile_prefill else self.body
         self.cache_kw = cache_keyword(self.body)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -209,7 +222,7 @@ class StaticDecoder:
         row_index = torch.tensor(rows, device=dev)
         self.cache.prefill_rows = row_index
         try:
-            hidden = self.body(input_ids=ids, position_ids=cols[None].expand(n, width),
+            hidden = self.prefill_forward(input_ids=ids, position_ids=cols[None].expand(n, width),
                                attention_mask=self._additive(visible[:, None]),
                                use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
         finally:

@@ -34,13 +34,14 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   sync_every: int = 8, prefill_tokens: int = 16384,
                   span_bucket: int = 128, refill_rows: int | None = None,
                   attention: str = "sdpa", cache_gb: float | None = None,
-                  compile_step: bool = False) -> list[list[int]]:
+                  compile_step: bool = False, compile_prefill: bool = False
+                  ) -> list[list[int]]:
     """Each prompt's greedy answer (ids, cut after the first stop token), in prompt order, on
     a decoder built for this call alone (see :class:`StaticEngine` for the knobs)."""
     engine = StaticEngine(model, batch_size, cuda_graphs=cuda_graphs, sync_every=sync_every,
                           prefill_tokens=prefill_tokens, span_bucket=span_bucket,
                           refill_rows=refill_rows, attention=attention, cache_gb=cache_gb,
-                          compile_step=compile_step)
+                          compile_step=compile_step, compile_prefill=compile_prefill)
     return engine.decode(prompts, max_new_tokens, stops, max_length=max_length)
 
 
@@ -54,7 +55,9 @@ class StaticEngine:
     ``span_bucket`` columns (one captured graph per span); ``attention`` is the decode step's
     attention (``static_attention.ATTENTIONS``). ``compile_step``: the decode step's forward
     through ``torch.compile`` (varlen or triton attention only, see
-    :func:`~pipeline.regen.static_decoder.compiled_forward`).
+    :func:`~pipeline.regen.static_decoder.compiled_forward`); ``compile_prefill``: the
+    prefills' forward through ``torch.compile`` with symbolic shapes (any attention, see
+    :func:`~pipeline.regen.static_decoder.compiled_prefill`).
     ``timing``: wait for the device around prefills and captures, so ``last_stats`` splits
     setup from decoding (benches).
     ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
@@ -67,7 +70,7 @@ class StaticEngine:
                  prefill_tokens: int = 16384, span_bucket: int = 128,
                  refill_rows: int | None = None, attention: str = "sdpa",
                  timing: bool = False, cache_gb: float | None = None,
-                 compile_step: bool = False) -> None:
+                 compile_step: bool = False, compile_prefill: bool = False) -> None:
         check_supported(model)
         for key, value in (("batch_size", batch_size), ("sync_every", sync_every),
                            ("prefill_tokens", prefill_tokens), ("span_bucket", span_bucket)):
@@ -88,7 +91,7 @@ class StaticEngine:
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
         self.prefill_tokens, self.span_bucket = prefill_tokens, span_bucket
         self.refill_rows, self.attention, self.timing = refill_rows, attention, timing
-        self.compile_step = compile_step
+        self.compile_step, self.compile_prefill = compile_step, compile_prefill
         self.decoder: StaticDecoder | None = None
         self.builds = 0
         self.last_stats: dict = {}
@@ -198,7 +201,8 @@ class StaticEngine:
                                      cuda_graphs=self.cuda_graphs,
                                      prefill_tokens=self.prefill_tokens,
                                      span_bucket=self.span_bucket, timing=self.timing,
-                                     attention=self.attention, compile_step=self.compile_step)
+                                     attention=self.attention, compile_step=self.compile_step,
+                                     compile_prefill=self.compile_prefill)
         self.builds += 1
         if self.builds > 1:
             log.info("static decoder: rebuilt for %d rows x %d columns, %d new tokens, %d stop "

@@ -215,3 +215,13 @@ def test_compiled_triton_step_is_captured_and_answers_as_uncompiled(tmp_path, de
     assert same >= (0.6 if on_cuda else 1.0), same
     if on_cuda:
         assert engine.last_stats["graphs"] == 1
+
+
+def test_compiled_prefill_answers_as_uncompiled(tmp_path, device, on_cuda):
+    """``compile_prefill`` with inductor: refills of varying rows and widths through one
+    compile with symbolic shapes; most answers (bf16) equal the uncompiled prefill's. A cache
+    write lost in the compiled prefill would change nearly every answer."""
+    same, engine = _two_engines(tmp_path, device, on_cuda, 10, {"attention": "varlen"},
+                                {"attention": "varlen", "compile_prefill": True})
+    assert same >= (0.6 if on_cuda else 1.0), same
+    assert engine.last_stats["prefill_calls"] >= 3

@@ -176,9 +176,15 @@ def test_engine_that_cannot_start_falls_back_with_one_log_line(caplog):
 
 
 def test_static_compile_reaches_the_worker_engine(target):
-    """``--static-compile`` is the worker's engine's ``compile_step`` (its answers under
-    compile: tests/regen/test_static_decoder.py)."""
+    """``--static-compile`` and ``--static-compile-prefill`` are the worker's engine's
+    ``compile_step`` and ``compile_prefill`` (their answers under compile:
+    tests/regen/test_static_decoder.py)."""
     worker = GeneratorWorker(rank=0, target_path=target, device="cpu", dtype=torch.float32,
                              max_new_tokens=MAX_NEW, engine="static", static_rows=2,
                              static_attention="varlen", static_compile=True)
     assert worker.static.compile_step and worker.static.attention == "varlen"
+    assert not worker.static.compile_prefill
+    worker = GeneratorWorker(rank=0, target_path=target, device="cpu", dtype=torch.float32,
+                             max_new_tokens=MAX_NEW, engine="static", static_rows=2,
+                             static_compile_prefill=True)
+    assert worker.static.compile_prefill and not worker.static.compile_step

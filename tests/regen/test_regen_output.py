@@ -60,7 +60,8 @@ def test_record_is_openai_messages_plus_source_line():
     ({"format": "csv"}, "--format='csv'"), ({"dtype": "int8"}, "--dtype='int8'"),
     ({"static_attention": "flash"}, "--static-attention='flash'"),
     ({"static_rows": 0}, "--static-rows=0"),
-    ({"static_compile": True}, "--static-compile=True")])
+    ({"static_compile": True}, "--static-compile=True"),
+    ({"static_compile_prefill": True, "engine": "cb"}, "--static-compile-prefill=True")])
 def test_bad_option_names_the_flag(tmp_path, override, flag):
     src = tmp_path / "in.jsonl"
     src.write_text("")

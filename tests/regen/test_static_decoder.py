@@ -215,3 +215,36 @@ def test_compiled_step_equals_generate(model_dirs, monkeypatch):
     assert counters["stats"]["unique_graphs"] == 1  # one graph for every step and span
     with pytest.raises(ValueError, match="compile_step needs attention varlen or triton .* not sdpa"):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, compile_step=True)
+
+
+def test_compiled_prefill_equals_generate(model_dirs, monkeypatch):
+    """``compile_prefill``: the prefills traced whole (fullgraph) with symbolic shapes give
+    generate's answers over groups of other rows and widths (a tiny ``prefill_tokens`` makes
+    many: refills of one to three prompts of 1-30 tokens), and one compile serves them, with at
+    most one more where dynamo specialises a group of one prompt. The cache writes of a traced
+    prefill must land, or every answer would change. aot_eager here; inductor on the GPU tier."""
+    from torch._dynamo.utils import counters
+
+    from pipeline.regen import static_decoder
+
+    monkeypatch.setattr(static_decoder, "COMPILE_BACKEND", "aot_eager")
+    groups = []
+    prefill_group = static_decoder.StaticDecoder._prefill_group
+
+    def seen(self, rows, prompts, width):
+        groups.append((len(prompts), static_decoder.aligned_columns(width)))
+        return prefill_group(self, rows, prompts, width)
+
+    monkeypatch.setattr(static_decoder.StaticDecoder, "_prefill_group", seen)
+    torch._dynamo.reset()
+    counters.clear()
+    model = _load(model_dirs["llama"])
+    prompts = _prompts(11, seed=13)
+    stops = _stops_for(model, prompts)
+    _assert_same(greedy_decode(model, prompts, MAX_NEW, stops, batch_size=4, cuda_graphs=False,
+                               prefill_tokens=64, sync_every=2, refill_rows=2,
+                               attention="varlen", compile_prefill=True),
+                 _reference(model, prompts, stops))
+    assert len(set(groups)) >= 3 and {n for n, _ in groups} >= {1, 2}, groups
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2
+    torch._dynamo.reset()
