@@ -155,8 +155,8 @@ class RingReader:
                 and handle.node_id != self.node_id:
             raise ValueError(f"ring of {handle.owner} {handle.target_rank} lives on node "
                              f"{handle.node_id}, this reader runs on node {self.node_id}: slot "
-                             f"rings cannot be opened across nodes (each node's targets feed "
-                             f"only that node's drafters)")
+                             f"rings cannot be opened across nodes (CUDA IPC handles and "
+                             f"shared-memory names hold only on the node that made them)")
         buffer = open_buffer(handle.payload, self.device)
         assert buffer.numel() == handle.num_slots * handle.slot_numel
         self._rings[handle.target_rank] = (handle, buffer)
