@@ -41,7 +41,9 @@ def _rows_decode(Q, K, V, L, O, qk_scale,
                  s_qr, s_qh, s_kr, s_kt, s_kh, s_vr, s_vt, s_vh, s_or, s_oh,
                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                  D_PAD: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr):
-    row = tl.program_id(0)
+    # 64-bit: a layer's cache passes 2**31 elements (512 rows x 4,352 slots at Qwen3-8B's
+    # 1,024 values a slot), and program ids and strides are 32-bit.
+    row = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     length = tl.load(L + row)
     g = tl.arange(0, GROUP_PAD)

@@ -183,13 +183,14 @@ def _triton_missing() -> str | None:
 def check_attention(attention: str, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, in one line, ``varlen`` or ``triton`` on CUDA where its kernel cannot run
     (elsewhere varlen's SDPA form runs, by design, for tests)."""
-    if attention not in ROW_LENGTHS or torch.device(device).type != "cuda":
-        return
-    if attention == "triton":
-        missing = _triton_missing()
-        if missing is not None:
+    on_cuda = torch.device(device).type == "cuda"
+    if attention == "triton" and (on_cuda or _interpreting()):
+        missing = _triton_missing()  # imports the kernel's module: its op registered
+        if missing is not None and on_cuda:
             raise ValueError(f"attention=triton: its kernel cannot be built ({missing}): "
                              "use varlen")
+        return
+    if attention != "varlen" or not on_cuda:
         return
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"attention=varlen on CUDA needs a bf16 or fp16 model (the flash "
@@ -257,10 +258,13 @@ def row_attention_varlen(module, query, key, value, attention_mask, scaling=None
     return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
+def _interpreting() -> bool:
+    """Whether Triton runs kernels through its interpreter (on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _triton_kernel_serves(query: torch.Tensor) -> bool:
-    if query.is_cuda:
-        return True
-    return os.environ.get("TRITON_INTERPRET") == "1" and query.dtype == torch.float32
+    return query.is_cuda or (_interpreting() and query.dtype == torch.float32)
 
 
 def row_attention_triton(module, query, key, value, attention_mask, scaling=None,
@@ -270,8 +274,9 @@ def row_attention_triton(module, query, key, value, attention_mask, scaling=None
     b, heads, q_len, dim = query.shape
     if q_len != 1 or not _triton_kernel_serves(query):
         return row_attention_varlen(module, query, key, value, attention_mask, scaling)
-    if not query.is_cuda:  # the interpreter; on CUDA check_attention registered the op
-        import pipeline.regen.row_kernel  # noqa: F401
+    # Registers the op on a first, eager call (an engine's check_attention did already, so
+    # a compiled step's trace only finds the module loaded).
+    import pipeline.regen.row_kernel  # noqa: F401
     scale = dim ** -0.5 if scaling is None else scaling
     out = torch.ops.pipeline.rows_decode(query[:, :, 0], key, value,
                                          attention_mask.reshape(b), scale)
