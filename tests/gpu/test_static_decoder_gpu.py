@@ -170,13 +170,16 @@ def test_varlen_engine_captures_one_graph_and_answers_as_sdpa(tmp_path, device, 
         assert engine.last_stats["graphs"] == 1
 
 
-def test_compiled_varlen_step_is_captured_and_answers_as_uncompiled(tmp_path, device, on_cuda):
-    """``compile_step`` with inductor (the production backend): the compiled step is captured
-    in the decoder's one CUDA graph, and (bf16 on CUDA, where fused kernels round otherwise)
-    most answers equal the uncompiled varlen step's; a lost cache write or a position baked in
-    at trace time would change nearly every answer."""
-    same, engine = _two_engines(tmp_path, device, on_cuda, 8, {"attention": "varlen"},
-                                {"attention": "varlen", "compile_step": True})
+@pytest.mark.parametrize("attention", ["varlen", "triton"])
+def test_compiled_step_is_captured_and_answers_as_uncompiled(tmp_path, device, on_cuda,
+                                                             attention):
+    """``compile_step`` with inductor (the production backend), on the varlen step and on the
+    triton one (its kernel an opaque custom op in the compiled step): the compiled step is
+    captured in the decoder's one CUDA graph, and (bf16 on CUDA, where fused kernels round
+    otherwise) most answers equal the uncompiled step's; a lost cache write or a position
+    baked in at trace time would change nearly every answer."""
+    same, engine = _two_engines(tmp_path, device, on_cuda, 8, {"attention": attention},
+                                {"attention": attention, "compile_step": True})
     assert same >= (0.6 if on_cuda else 1.0), same
     if on_cuda:
         assert engine.last_stats["graphs"] == 1
@@ -204,17 +207,6 @@ def test_triton_engine_answers_as_generate_and_as_varlen(tmp_path, device, on_cu
     same, engine = _two_engines(tmp_path / "bf16", device, on_cuda, 6, {"attention": "varlen"},
                                 {"attention": "triton"})
     assert same >= (0.6 if on_cuda else 1.0), same
-
-
-def test_compiled_triton_step_is_captured_and_answers_as_uncompiled(tmp_path, device, on_cuda):
-    """``compile_step`` on the ``triton`` step with inductor: the kernel (an opaque custom op) in
-    the compiled step, captured in the decoder's one CUDA graph; most answers (bf16) equal the
-    uncompiled step's."""
-    same, engine = _two_engines(tmp_path, device, on_cuda, 8, {"attention": "triton"},
-                                {"attention": "triton", "compile_step": True})
-    assert same >= (0.6 if on_cuda else 1.0), same
-    if on_cuda:
-        assert engine.last_stats["graphs"] == 1
 
 
 def test_compiled_prefill_answers_as_uncompiled(tmp_path, device, on_cuda):

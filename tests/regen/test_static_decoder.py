@@ -194,11 +194,9 @@ def test_prompts_too_long_for_the_cache_budget_are_decoded_apart(model_dirs, cap
         StaticEngine(model, batch_size=3, cache_gb=0)
 
 
-def test_compiled_step_equals_generate(model_dirs, monkeypatch):
-    """``compile_step``: the decode step traced whole by dynamo (fullgraph: no break) and run
-    compiled, refills and stops included, gives generate's answers; the cache writes inside
-    the traced step must land, or every later token would change. Traced with aot_eager here
-    (inductor's CPU build takes a minute); the GPU tier runs inductor."""
+def _traced_with_aot_eager(monkeypatch):
+    """The decoder's compiles through aot_eager (inductor's CPU build takes a minute) from a
+    fresh dynamo state; dynamo's counters, cleared, to count the graphs."""
     from torch._dynamo.utils import counters
 
     from pipeline.regen import static_decoder
@@ -206,6 +204,15 @@ def test_compiled_step_equals_generate(model_dirs, monkeypatch):
     monkeypatch.setattr(static_decoder, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     counters.clear()
+    return counters
+
+
+def test_compiled_step_equals_generate(model_dirs, monkeypatch):
+    """``compile_step``: the decode step traced whole by dynamo (fullgraph: no break) and run
+    compiled, refills and stops included, gives generate's answers; the cache writes inside
+    the traced step must land, or every later token would change. Traced with aot_eager here
+    (inductor's CPU build takes a minute); the GPU tier runs inductor."""
+    counters = _traced_with_aot_eager(monkeypatch)
     model = _load(model_dirs["qwen3"])
     prompts = _prompts(7, seed=11)
     stops = _stops_for(model, prompts)
@@ -223,11 +230,8 @@ def test_compiled_prefill_equals_generate(model_dirs, monkeypatch):
     many: refills of one to three prompts of 1-30 tokens), and one compile serves them, with at
     most one more where dynamo specialises a group of one prompt. The cache writes of a traced
     prefill must land, or every answer would change. aot_eager here; inductor on the GPU tier."""
-    from torch._dynamo.utils import counters
-
     from pipeline.regen import static_decoder
 
-    monkeypatch.setattr(static_decoder, "COMPILE_BACKEND", "aot_eager")
     groups = []
     prefill_group = static_decoder.StaticDecoder._prefill_group
 
@@ -236,8 +240,7 @@ def test_compiled_prefill_equals_generate(model_dirs, monkeypatch):
         return prefill_group(self, rows, prompts, width)
 
     monkeypatch.setattr(static_decoder.StaticDecoder, "_prefill_group", seen)
-    torch._dynamo.reset()
-    counters.clear()
+    counters = _traced_with_aot_eager(monkeypatch)
     model = _load(model_dirs["llama"])
     prompts = _prompts(11, seed=13)
     stops = _stops_for(model, prompts)
