@@ -57,7 +57,8 @@ class StaticEngine:
     through ``torch.compile`` (varlen or triton attention only, see
     :func:`~pipeline.regen.static_decoder.compiled_forward`); ``compile_prefill``: the
     prefills' forward through ``torch.compile`` with symbolic shapes (any attention, see
-    :func:`~pipeline.regen.static_decoder.compiled_prefill`).
+    :func:`~pipeline.regen.static_decoder.compiled_prefill`). Both apply to the kept decoder;
+    prompts decoded apart (below) run uncompiled.
     ``timing``: wait for the device around prefills and captures, so ``last_stats`` splits
     setup from decoding (benches).
     ``cache_gb`` bounds the kept cache (default: ``cache_budget.MAIN_SHARE`` of the device
