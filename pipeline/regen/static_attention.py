@@ -200,6 +200,20 @@ def check_attention(attention: str, device: torch.device, dtype: torch.dtype) ->
                          "with per-row key lengths (seqused_k): use sdpa")
 
 
+def stand_in(attention: str, device, dtype: torch.dtype) -> str | None:
+    """One line where ``attention``'s kernel does not run on ``device`` and varlen's SDPA form
+    (the same cache and lengths) decodes in its stead; None where the kernel runs."""
+    if torch.device(device).type == "cuda":
+        return None
+    if attention == "varlen":
+        return ("attention=varlen: its flash kernel runs on CUDA only; here the same cache and "
+                "lengths go through SDPA")
+    if attention == "triton" and not (_interpreting() and dtype == torch.float32):
+        return ("attention=triton: its kernel runs on CUDA (or in fp32 under "
+                "TRITON_INTERPRET=1); here varlen's SDPA form decodes")
+    return None
+
+
 def resolve_attention(attention: str, device, dtype: torch.dtype) -> str:
     """``attention`` itself, or for ``auto`` varlen where its kernel runs, else sdpa."""
     if attention != AUTO:

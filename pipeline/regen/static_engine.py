@@ -21,7 +21,8 @@ import torch
 
 from pipeline.regen.cache_budget import (LONG_SHARE, MAIN_SHARE, columns_within, free_bytes,
                                          rows_within, slot_bytes)
-from pipeline.regen.static_attention import ATTENTIONS, ROW_LENGTHS, check_attention, swapped
+from pipeline.regen.static_attention import (ATTENTIONS, ROW_LENGTHS, check_attention,
+                                             stand_in, swapped)
 from pipeline.regen.static_cache import check_supported
 from pipeline.regen.static_decoder import StaticDecoder, aligned_columns
 
@@ -87,6 +88,9 @@ class StaticEngine:
         self.model, self.batch_size = model, batch_size
         param = next(model.parameters())
         check_attention(attention, param.device, param.dtype)
+        note = stand_in(attention, param.device, param.dtype)
+        if note is not None:
+            log.info("static decoder: %s", note)
         self.device, self.per_slot = param.device, slot_bytes(model.config, param.dtype)
         self.cache_budget = None if cache_gb is None else int(cache_gb * 1e9)
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every

@@ -71,6 +71,37 @@ def test_triton_on_cuda_is_refused_where_its_kernel_cannot_be_built(monkeypatch)
     sa.check_attention("triton", torch.device("cpu"), torch.float32)
 
 
+def test_an_engine_whose_kernel_does_not_run_here_says_so(monkeypatch, caplog):
+    """varlen and triton off CUDA decode through varlen's SDPA form: one line says so when the
+    engine is built (triton's kernel does run on CPU under Triton's interpreter, in fp32)."""
+    import pipeline.regen.static_attention as sa
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert sa.stand_in("varlen", cpu, torch.float32).startswith("attention=varlen: its flash")
+    assert sa.stand_in("triton", cpu, torch.float32).startswith("attention=triton: its kernel")
+    assert sa.stand_in("varlen", cuda, torch.bfloat16) is None
+    assert sa.stand_in("triton", cuda, torch.float32) is None
+    assert sa.stand_in("sdpa", cpu, torch.float32) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sa.stand_in("triton", cpu, torch.float32) is None
+    assert sa.stand_in("triton", cpu, torch.bfloat16) is not None
+    monkeypatch.delenv("TRITON_INTERPRET")
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.regen.static_engine import StaticEngine
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1))
+    with caplog.at_level("INFO", logger="pipeline.regen.static_engine"):
+        StaticEngine(model, 2, attention="triton")
+        StaticEngine(model, 2, attention="sdpa")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["static decoder: " + sa.stand_in("triton", cpu, torch.float32)]
+
+
 def test_auto_picks_varlen_only_where_its_kernel_runs(monkeypatch):
     """auto: varlen on CUDA in bf16/fp16 with a seqused_k kernel, sdpa elsewhere (CPU, fp32,
     an older torch); a named attention is kept as it is."""
