@@ -104,7 +104,7 @@ def test_static_engine_stores_the_same_records_as_generate(workers):
 
 
 @pytest.mark.parametrize("attention, runs", [("flex", "flex"), ("varlen", "varlen"),
-                                             ("auto", "sdpa")])
+                                             ("triton", "triton"), ("auto", "sdpa")])
 def test_static_engine_with_another_step_stores_the_same_records(workers, target, attention,
                                                                  runs):
     """``--static-attention`` reaches the worker's engine (auto: sdpa on CPU), whose answers
