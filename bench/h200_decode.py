@@ -16,8 +16,9 @@ the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau 
 same tau and outputs. transformers' continuous batching (``bench.decode_regen``), the
 sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``, and with the
 prefills compiled too ``q8b_compile_prefill``) and those on the ``triton`` step
-(``smol_triton``, ``q8b_triton``, ``q8b_triton_compile``) run only when named in ``--only``. The runs share ``--budget-s``: each gets what is left (at most its
-own cap), and one that would start with too little is skipped and said so. The result file,
+(``smol_triton``, ``q8b_triton``, ``q8b_triton_compile``) run only when named in ``--only``.
+The runs share ``--budget-s``: each gets what is left (at most its own cap), and one that
+would start with too little is skipped and said so. The result file,
 written after every run, gathers the figures under the keys of issue 32 and keeps every
 sub-result (partial ones of a run cut short included) under ``runs``.
 """

@@ -63,7 +63,8 @@ def kernel_cases() -> list[dict]:
         solo = torch.stack([rows_decode(query[r:r + 1], keys[r:r + 1], values[r:r + 1],
                                         lengths[r:r + 1], scale)[0] for r in range(rows)])
         found.append({"case": [rows, heads, kv_heads, dim, capacity],
-                      "max_error": float(error), "past_length_ignored": bool(torch.equal(past, got)),
+                      "max_error": float(error),
+                      "past_length_ignored": bool(torch.equal(past, got)),
                       "rows_apart_equal": bool(torch.equal(solo, got))})
     return found
 

@@ -220,7 +220,8 @@ def test_compiled_step_equals_generate(model_dirs, monkeypatch):
                                attention="varlen", compile_step=True),
                  _reference(model, prompts, stops))
     assert counters["stats"]["unique_graphs"] == 1  # one graph for every step and span
-    with pytest.raises(ValueError, match="compile_step needs attention varlen or triton .* not sdpa"):
+    with pytest.raises(ValueError,
+                       match="compile_step needs attention varlen or triton .* not sdpa"):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, compile_step=True)
 
 
