@@ -203,9 +203,7 @@ class TauEvaluator:
 
         def failed(error: RayError) -> None:
             done(self._lost(actor, step, error))
-        if actor is None:
-            return AfterStepCall(ref, done, lane=LANE)
-        return AfterStepCall(ref, done, on_error=failed, lane=LANE)
+        return AfterStepCall(ref, done, on_error=None if actor is None else failed, lane=LANE)
 
     # -- a dead evaluator -------------------------------------------------------------------
     def _lost(self, actor: Any, step: int, error: RayError) -> EvalResult:
