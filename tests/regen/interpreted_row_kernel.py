@@ -4,7 +4,7 @@
 
 Run in a process of its own by tests/regen/test_row_kernel.py: the interpreter is chosen when
 ``triton.jit`` decorates the kernel, i.e. when pipeline.regen.row_kernel is first imported.
-Prints one JSON line: the kernel's largest error against a float64 reference per case, whether
+Prints one JSON line: the kernel's largest error against fp32 attention row by row per case, whether
 slots past each row's length and other rows' caches leave a row's output unchanged, and
 whether the static engine on the ``triton`` step answers as generate does.
 """
@@ -25,22 +25,9 @@ CASES = (  # rows, heads, kv_heads, head_dim, capacity
 )
 
 
-def _reference(query, keys, values, lengths, scale):
-    """Each row's attention over its own filled slots, in float64, head by head."""
-    rows, heads, _ = query.shape
-    group = heads // keys.shape[2]
-    out = torch.empty(query.shape, dtype=torch.float64)
-    for r in range(rows):
-        n = int(lengths[r])
-        for h in range(heads):
-            k = keys[r, :n, h // group].double()
-            v = values[r, :n, h // group].double()
-            out[r, h] = torch.softmax(k @ query[r, h].double() * scale, 0) @ v
-    return out
-
-
 def kernel_cases() -> list[dict]:
     from pipeline.regen.row_kernel import rows_decode
+    from tests.gpu.test_static_decoder_gpu import _attention_by_rows
 
     g = torch.Generator().manual_seed(0)
     found = []
@@ -53,7 +40,8 @@ def kernel_cases() -> list[dict]:
         lengths[0], lengths[-1] = 1, capacity  # one slot, and the whole row
         scale = dim ** -0.5
         got = rows_decode(query, keys, values, lengths, scale)
-        error = (got.double() - _reference(query, keys, values, lengths, scale)).abs().max()
+        want = _attention_by_rows(query[:, :, None], keys, values, lengths, heads // kv_heads)
+        error = (got - want).abs().max()
         # Perturbation: what lies past a row's length, and the other rows, must not count.
         changed_k, changed_v = keys.clone(), values.clone()
         for r in range(rows):

@@ -1,5 +1,5 @@
 """The ``triton`` decode attention's kernel (pipeline/regen/row_kernel.py) on CPU, through
-Triton's interpreter: its output against a float64 reference, the slots past each row's
+Triton's interpreter: its output against fp32 attention row by row, the slots past each row's
 length and the other rows' caches checked by perturbation, and the static engine on that step
 against generate (tests/regen/interpreted_row_kernel.py, in a process of its own). The GPU
 tier runs the compiled kernel in bf16 (tests/gpu/test_static_decoder_gpu.py)."""
