@@ -200,18 +200,28 @@ def check_attention(attention: str, device: torch.device, dtype: torch.dtype) ->
                          "with per-row key lengths (seqused_k): use sdpa")
 
 
+def _kernel_runs(attention: str, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether a row-length attention's own kernel decodes on this device and dtype (else
+    varlen's SDPA form stands in): the flash kernel on CUDA in bf16/fp16 (varlen); the Triton
+    kernel on CUDA, and on CPU in fp32 under Triton's interpreter (triton)."""
+    if attention == "varlen":
+        return device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    return device_type == "cuda" or (_interpreting() and dtype == torch.float32)
+
+
+_STAND_IN = {
+    "varlen": "attention=varlen: its flash kernel runs on CUDA in bf16/fp16 only; here the same "
+              "cache and lengths go through SDPA",
+    "triton": "attention=triton: its kernel runs on CUDA (or in fp32 under TRITON_INTERPRET=1); "
+              "here varlen's SDPA form decodes"}
+
+
 def stand_in(attention: str, device, dtype: torch.dtype) -> str | None:
     """One line where ``attention``'s kernel does not run on ``device`` and varlen's SDPA form
     (the same cache and lengths) decodes in its stead; None where the kernel runs."""
-    if torch.device(device).type == "cuda":
+    if attention not in ROW_LENGTHS or _kernel_runs(attention, torch.device(device).type, dtype):
         return None
-    if attention == "varlen":
-        return ("attention=varlen: its flash kernel runs on CUDA only; here the same cache and "
-                "lengths go through SDPA")
-    if attention == "triton" and not (_interpreting() and dtype == torch.float32):
-        return ("attention=triton: its kernel runs on CUDA (or in fp32 under "
-                "TRITON_INTERPRET=1); here varlen's SDPA form decodes")
-    return None
+    return _STAND_IN[attention]
 
 
 def resolve_attention(attention: str, device, dtype: torch.dtype) -> str:
@@ -226,7 +236,7 @@ def resolve_attention(attention: str, device, dtype: torch.dtype) -> str:
 
 
 def _varlen_kernel_serves(query: torch.Tensor) -> bool:
-    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+    return _kernel_runs("varlen", query.device.type, query.dtype)
 
 
 def _varlen_kernel(q, k, v, q_starts, k_starts, max_q: int, max_k: int, scale: float,
@@ -278,7 +288,7 @@ def _interpreting() -> bool:
 
 
 def _triton_kernel_serves(query: torch.Tensor) -> bool:
-    return query.is_cuda or (_interpreting() and query.dtype == torch.float32)
+    return _kernel_runs("triton", query.device.type, query.dtype)
 
 
 def row_attention_triton(module, query, key, value, attention_mask, scaling=None,
