@@ -111,16 +111,19 @@ def hf_generate(model, prompts, max_new, stops, batch, pad_id, static_cache=Fals
     return answers
 
 
+def _engine_options(args) -> dict:
+    """The static engine's options from the command line, timed (setup apart from decoding)."""
+    return dict(sync_every=args.sync_every, refill_rows=args.refill_rows,
+                attention=args.attention, timing=True, compile_step=args.compile_step,
+                compile_prefill=args.compile_prefill)
+
+
 def run_one(name, model, prompts, max_new, stops, batch, pad_id, args):
     """One run's answers; for the static runs also its engine's split of the time."""
     from pipeline.regen.static_engine import StaticEngine
 
     if name in ("static", "static_eager"):
-        engine = StaticEngine(model, batch, cuda_graphs=name == "static",
-                              sync_every=args.sync_every, refill_rows=args.refill_rows,
-                              attention=args.attention, timing=True,
-                              compile_step=args.compile_step,
-                              compile_prefill=args.compile_prefill)
+        engine = StaticEngine(model, batch, cuda_graphs=name == "static", **_engine_options(args))
         return engine.decode(prompts, max_new, stops), engine.last_stats
     return hf_generate(model, prompts, max_new, stops, batch, pad_id, name == "hf_static"), None
 
@@ -169,9 +172,7 @@ def sustained_run(args, model, prompts, stops) -> dict:
     from pipeline.regen.static_engine import StaticEngine
 
     rows = args.sustained_batch or args.batch
-    engine = StaticEngine(model, rows, sync_every=args.sync_every, refill_rows=args.refill_rows,
-                          attention=args.attention, timing=True, compile_step=args.compile_step,
-                          compile_prefill=args.compile_prefill)
+    engine = StaticEngine(model, rows, **_engine_options(args))
     with torch.no_grad():
         # The longest prompts first: the cache is then sized for every later one (one build).
         wave = sorted(prompts, key=len, reverse=True)[:rows]
