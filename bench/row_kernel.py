@@ -127,6 +127,12 @@ def main(argv=None) -> dict:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({n: {k: v for k, v in s.items() if k != "settings"}
                       for n, s in result["shapes"].items()}, indent=1))
+    # The default launch setting is what the regeneration runs: without its figure the run
+    # measured nothing it was for, whatever the other settings gave.
+    missing = [n for n, s in result["shapes"].items() if s.get("default_us") is None]
+    if missing:
+        raise SystemExit(f"bench.row_kernel: the default setting gave no figure at "
+                         f"{', '.join(missing)} (each setting's error is in {args.out})")
     return result
 
 
