@@ -40,3 +40,11 @@ def test_a_failing_step_variant_is_reported_and_the_others_stand(tmp_path):
     assert variants["no-such-kernel"]["error"].startswith("KeyError")
     for name in ("sdpa", "flex"):
         assert "error" not in variants[name] and variants[name]["uncaptured_ms"] > 0
+
+
+def test_the_command_ends_rc_1_naming_the_variant_without_a_figure():
+    ok = {"uncaptured_ms": 1.0}
+    result = {"step": {"512": {"variants": {"varlen": ok, "triton": {"error": "E: x"}}},
+                       "64": {"variants": {"varlen": ok}}}}
+    assert decode_static.failed_variants(result) == ["512:triton"]
+    assert decode_static.failed_variants({"runs": {}}) == []
