@@ -145,12 +145,13 @@ def test_row_length_step_reads_each_row_to_its_own_length(device, on_cuda, name,
     assert torch.equal(attend(noisy), got)
 
 
-def _two_engines(tmp_path, device, on_cuda, seed, first: dict, second: dict):
+def _two_engines(tmp_path, device, on_cuda, seed, first: dict, second: dict, dtype=None):
     """The share of 21 random prompts whose answers two engines (their StaticEngine keywords)
-    give alike, bf16 on CUDA and fp32 elsewhere, and the second engine."""
+    give alike, in ``dtype`` (default: bf16 on CUDA and fp32 elsewhere), and the second engine."""
     from pipeline.regen.static_engine import StaticEngine
 
-    model = _loaded(tmp_path, device, torch.bfloat16 if on_cuda else torch.float32)
+    dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
+    model = _loaded(tmp_path, device, dtype)
     prompts = _random_prompts(seed, 21, 60)
     answers = []
     for keywords in (first, second):
@@ -211,9 +212,16 @@ def test_triton_engine_answers_as_generate_and_as_varlen(tmp_path, device, on_cu
 
 def test_compiled_prefill_answers_as_uncompiled(tmp_path, device, on_cuda):
     """``compile_prefill`` with inductor: refills of varying rows and widths through one
-    compile with symbolic shapes; most answers (bf16) equal the uncompiled prefill's. A cache
-    write lost in the compiled prefill would change nearly every answer."""
+    compile with symbolic shapes give the uncompiled prefill's answers, in fp32 on every
+    device (on CUDA at most one of 21 may part where a fused reduction breaks a near-tie). In bf16
+    the two agreed on only 11 of 21 on the H100 (2026-12-05), under the 60% the other bf16
+    pairs here reach: rounding (every prompt token's cache entries are rounded otherwise) or
+    a fault, which fp32 tells apart. A cache write lost or a width baked in at trace time
+    would change nearly every answer."""
+    # varlen's token-major cache (in fp32 its SDPA form stands in for the flash kernel): the
+    # layout whose cache writes the bf16 run went through.
     same, engine = _two_engines(tmp_path, device, on_cuda, 10, {"attention": "varlen"},
-                                {"attention": "varlen", "compile_prefill": True})
-    assert same >= (0.6 if on_cuda else 1.0), same
+                                {"attention": "varlen", "compile_prefill": True},
+                                dtype=torch.float32)
+    assert same >= (20 / 21 if on_cuda else 1.0), same
     assert engine.last_stats["prefill_calls"] >= 3
