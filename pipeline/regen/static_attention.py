@@ -180,6 +180,9 @@ def _triton_missing() -> str | None:
     return None
 
 
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)  # what the flash kernel (varlen) takes
+
+
 def check_attention(attention: str, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, in one line, ``varlen`` or ``triton`` on CUDA where its kernel cannot run
     (elsewhere varlen's SDPA form runs, by design, for tests)."""
@@ -192,7 +195,7 @@ def check_attention(attention: str, device: torch.device, dtype: torch.dtype) ->
         return
     if attention != "varlen" or not on_cuda:
         return
-    if dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in _FLASH_DTYPES:
         raise ValueError(f"attention=varlen on CUDA needs a bf16 or fp16 model (the flash "
                          f"kernel's), not {dtype}: use sdpa")
     if not _has_seqused_k():
@@ -205,7 +208,7 @@ def _kernel_runs(attention: str, device_type: str, dtype: torch.dtype) -> bool:
     varlen's SDPA form stands in): the flash kernel on CUDA in bf16/fp16 (varlen); the Triton
     kernel on CUDA, and on CPU in fp32 under Triton's interpreter (triton)."""
     if attention == "varlen":
-        return device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+        return device_type == "cuda" and dtype in _FLASH_DTYPES
     return device_type == "cuda" or (_interpreting() and dtype == torch.float32)
 
 

@@ -42,7 +42,7 @@ def test_a_failing_step_variant_is_reported_and_the_others_stand(tmp_path):
         assert "error" not in variants[name] and variants[name]["uncaptured_ms"] > 0
 
 
-def test_the_command_ends_rc_1_naming_the_variant_without_a_figure():
+def test_the_variants_without_a_figure_are_named_for_the_commands_exit():
     ok = {"uncaptured_ms": 1.0}
     result = {"step": {"512": {"variants": {"varlen": ok, "triton": {"error": "E: x"}}},
                        "64": {"variants": {"varlen": ok}}}}

@@ -213,8 +213,8 @@ def test_triton_engine_answers_as_generate_and_as_varlen(tmp_path, device, on_cu
 def test_compiled_prefill_answers_as_uncompiled(tmp_path, device, on_cuda):
     """``compile_prefill`` with inductor: refills of varying rows and widths through one
     compile with symbolic shapes give the uncompiled prefill's answers, in fp32 on every
-    device (on CUDA at most one of 21 may part where a fused reduction breaks a near-tie). In bf16
-    the two agreed on only 11 of 21 on the H100 (2026-12-05), under the 60% the other bf16
+    device (on CUDA at most one of 21 may part where a fused reduction breaks a near-tie). In
+    bf16 the two agreed on only 11 of 21 on the H100 (2026-12-05), under the 60% the other bf16
     pairs here reach: rounding (every prompt token's cache entries are rounded otherwise) or
     a fault, which fp32 tells apart. A cache write lost or a width baked in at trace time
     would change nearly every answer."""
