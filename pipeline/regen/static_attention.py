@@ -74,12 +74,17 @@ CHOICES = (AUTO, *ATTENTIONS)
 
 
 def _prefill(query, key, value, attention_mask, scaling):
+    """A prefill group: right-padded prompts from column 0, so the causal mask alone is exact
+    for every prompt token (its keys are all inside its prompt); only padded queries, whose
+    outputs the decoder drops, see padded keys. ``is_causal`` lets SDPA take the flash kernel
+    on CUDA, where an explicit mask forces the memory-efficient one over every tile.
+    ``attention_mask`` is each prompt's length (``[rows, 1, 1, 1]``), which only carries the
+    group past transformers' own mask building."""
     group = query.shape[1] // key.shape[1]
     if group > 1:
         key = key.repeat_interleave(group, dim=1)
         value = value.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                          scale=scaling)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
 
 
 def row_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -157,7 +162,7 @@ def decode_block_mask(positions: torch.Tensor, span: int) -> BlockMask:
 def row_attention_flex(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                        **kwargs):
     """As :func:`row_attention`; a decode step's ``attention_mask`` is the step's
-    :func:`decode_block_mask` (a prefill's is the usual additive tensor)."""
+    :func:`decode_block_mask` (a prefill's is each prompt's length, see :func:`_prefill`)."""
     if not isinstance(attention_mask, BlockMask):
         out = _prefill(query, key, value, attention_mask, scaling)
         return out.transpose(1, 2).contiguous(), None

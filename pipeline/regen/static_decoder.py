@@ -217,13 +217,12 @@ class StaticDecoder:
         lengths = torch.tensor([len(p) for p in prompts], device=dev)
         ids = ids.to(dev)
         cols = torch.arange(width, device=dev)
-        # Query i of row j sees key c when c <= i and c is inside the prompt (right padding).
-        visible = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] < lengths[:, None, None])
         row_index = torch.tensor(rows, device=dev)
         self.cache.prefill_rows = row_index
         try:
+            # Right padding: attention is causal within the group (static_attention._prefill).
             hidden = self.prefill_forward(input_ids=ids, position_ids=cols[None].expand(n, width),
-                               attention_mask=self._additive(visible[:, None]),
+                               attention_mask=lengths.to(torch.int32).view(n, 1, 1, 1),
                                use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
         finally:
             self.cache.prefill_rows = None
