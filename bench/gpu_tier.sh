@@ -23,12 +23,17 @@ run() {  # name, pytest arguments...
   echo "rc=$?" >>"$out/tier_$name.log"
 }
 groups=${TIER_GROUPS:-driver_fsdp families rest}
+for name in $groups; do  # every name checked before any group starts
+  case $name in
+  driver_fsdp|families|rest) ;;
+  *) echo "TIER_GROUPS: unknown group $name (driver_fsdp, families, rest)"; exit 2 ;;
+  esac
+done
 for name in $groups; do
   case $name in
   driver_fsdp) run driver_fsdp $heavy & ;;
   families) run families $families & ;;
   rest) run rest tests $(for f in $heavy $families; do echo "--ignore=$f"; done) & ;;
-  *) echo "TIER_GROUPS: unknown group $name (driver_fsdp, families, rest)"; exit 2 ;;
   esac
 done
 wait

@@ -73,13 +73,13 @@ AUTO = "auto"
 CHOICES = (AUTO, *ATTENTIONS)
 
 
-def _prefill(query, key, value, attention_mask, scaling):
+def _prefill(query, key, value, scaling):
     """A prefill group: right-padded prompts from column 0, so the causal mask alone is exact
     for every prompt token (its keys are all inside its prompt); only padded queries, whose
     outputs the decoder drops, see padded keys. ``is_causal`` lets SDPA take the flash kernel
-    on CUDA, where an explicit mask forces the memory-efficient one over every tile.
-    ``attention_mask`` is each prompt's length (``[rows, 1, 1, 1]``), which only carries the
-    group past transformers' own mask building."""
+    on CUDA, where an explicit mask forces the memory-efficient one over every tile. So the
+    prefill's mask (each prompt's length, ``[rows, 1, 1, 1]``, which only carries the group
+    past transformers' own mask building) is not read here."""
     group = query.shape[1] // key.shape[1]
     if group > 1:
         key = key.repeat_interleave(group, dim=1)
@@ -96,7 +96,7 @@ def row_attention(module, query, key, value, attention_mask, scaling=None, dropo
                                              key, value, attn_mask=attention_mask, scale=scaling)
         out = out.reshape(b, heads, 1, dim)
     else:
-        out = _prefill(query, key, value, attention_mask, scaling)
+        out = _prefill(query, key, value, scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -106,7 +106,7 @@ def row_attention_matmul(module, query, key, value, attention_mask, scaling=None
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     if q_len != 1:
-        out = _prefill(query, key, value, attention_mask, scaling)
+        out = _prefill(query, key, value, scaling)
         return out.transpose(1, 2).contiguous(), None
     scale = dim ** -0.5 if scaling is None else scaling
     q = query.reshape(b, kv_heads, heads // kv_heads, dim)
@@ -164,7 +164,7 @@ def row_attention_flex(module, query, key, value, attention_mask, scaling=None, 
     """As :func:`row_attention`; a decode step's ``attention_mask`` is the step's
     :func:`decode_block_mask` (a prefill's is each prompt's length, see :func:`_prefill`)."""
     if not isinstance(attention_mask, BlockMask):
-        out = _prefill(query, key, value, attention_mask, scaling)
+        out = _prefill(query, key, value, scaling)
         return out.transpose(1, 2).contiguous(), None
     out = _flex(query)(query, key, value, block_mask=attention_mask, scale=scaling,
                        enable_gqa=True)
@@ -264,7 +264,7 @@ def row_attention_varlen(module, query, key, value, attention_mask, scaling=None
     length (``[rows, 1, 1, 1]`` int32)."""
     b, heads, q_len, dim = query.shape
     if q_len != 1:
-        out = _prefill(query, key, value, attention_mask, scaling)
+        out = _prefill(query, key, value, scaling)
         return out.transpose(1, 2).contiguous(), None
     rows, capacity, kv_heads, _ = key.shape
     lengths = attention_mask.reshape(rows)
