@@ -30,6 +30,11 @@ def build_target(out: Path, config: dict | None = None) -> Path:
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
     del model
+    # The caller (bench.e2e_8b, bench.h200_parallel) stays alive while the job it launches
+    # runs on the same GPU: the allocator's cached 32 GB of the fp32 init would be kept from
+    # it (on an 80 GB H100 the 8B job's evaluator ran out of memory, 2026-12-05).
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     word_tokenizer().save_pretrained(out)
     return out
 

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 GB = 1e9
 CONTEXT_BYTES = int(1.5 * GB)
+BUSY_BYTES = int(2 * GB)  # held by others on the driver's GPU beyond which busy_line warns
 # GPU memory by the accelerator type Ray reports ("accelerator_type:H100"); marketing GB.
 GPU_MEMORY_GB = {"H200": 141.0, "H100": 80.0, "H20": 96.0, "B200": 180.0, "L40S": 48.0}
 
@@ -112,6 +113,10 @@ def check_target_memory(job: JobConfig, r: ResolvedJob, device: str,
         log.warning("target.stages=%d: GPU memory unknown (set cluster.gpu_memory_gb), so "
                     "whether each stage fits is not checked before the actors start", k)
         return
+    if job.cluster.gpu_memory_gb is None and torch.cuda.is_available():
+        line = busy_line(*torch.cuda.mem_get_info())
+        if line:
+            log.warning(line)
     _check_evaluator(job, r, gpu)
     share = job.cluster.gpus_per_actor
     budget = int(gpu * share) - CONTEXT_BYTES
@@ -131,6 +136,18 @@ def check_target_memory(job: JobConfig, r: ResolvedJob, device: str,
         f"(cluster.gpus_per_actor={share:g} of a {gpu / GB:.0f} GB GPU, less "
         f"{CONTEXT_BYTES / GB:.1f} GB for the CUDA context); allowed: {allowed}, or a "
         f"larger cluster.gpus_per_actor")
+
+
+def busy_line(free: int, total: int) -> Optional[str]:
+    """A warning when the driver's GPU is already largely in use before any actor starts
+    (more than ``BUSY_BYTES`` beyond the driver's own context): the plan counts the whole GPU,
+    and its actors would run out of memory far from the cause. None otherwise."""
+    held = total - free
+    if held <= CONTEXT_BYTES + BUSY_BYTES:
+        return None
+    return (f"GPU memory: {held / GB:.1f} GB of this GPU's {total / GB:.0f} GB are in use before "
+            f"any actor starts (other processes: see nvidia-smi); the plan above counts the "
+            f"whole GPU, so its actors may run out of memory")
 
 
 def _check_evaluator(job: JobConfig, r: ResolvedJob, gpu: int) -> None:

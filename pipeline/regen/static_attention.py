@@ -66,9 +66,11 @@ ATTENTIONS = tuple(NAMES)
 # one captured graph (and one compiled shape) serves every span.
 ROW_LENGTHS = ("varlen", "triton")
 NAME = NAMES["sdpa"]
-# What pipeline.regenerate offers: "auto" picks varlen where its kernel runs (the fastest
-# there: SmolLM2-135M on the H200 at 4,096 rows, 104.9k tokens/s sustained against sdpa's
-# 85.9k, docs/BENCHMARKS.md 2026-12-04), else sdpa.
+# What pipeline.regenerate offers: "auto" picks triton on CUDA in bf16/fp16 where Triton builds
+# its kernel (on an H100, 2026-12-05: its row attention 1.37x varlen's at the Qwen3-8B shape
+# and 2.39x at SmolLM2-135M's, the 8B decode step at 512 rows 24.1 ms compiled against
+# varlen's 29.2; docs/BENCHMARKS.md), else varlen where the flash kernel runs (SmolLM2-135M
+# on the H200 at 4,096 rows: 104.9k tokens/s sustained against sdpa's 85.9k), else sdpa.
 AUTO = "auto"
 CHOICES = (AUTO, *ATTENTIONS)
 
@@ -233,14 +235,19 @@ def stand_in(attention: str, device, dtype: torch.dtype) -> str | None:
 
 
 def resolve_attention(attention: str, device, dtype: torch.dtype) -> str:
-    """``attention`` itself, or for ``auto`` varlen where its kernel runs, else sdpa."""
+    """``attention`` itself, or for ``auto``: on CUDA in bf16/fp16 triton where its kernel can
+    be built, else varlen where the flash kernel runs; sdpa elsewhere."""
     if attention != AUTO:
         return attention
-    try:
-        check_attention("varlen", device, dtype)
-    except ValueError:
+    if torch.device(device).type != "cuda" or dtype not in _FLASH_DTYPES:
         return "sdpa"
-    return "varlen" if torch.device(device).type == "cuda" else "sdpa"
+    for choice in ROW_LENGTHS[::-1]:
+        try:
+            check_attention(choice, device, dtype)
+        except ValueError:
+            continue
+        return choice
+    return "sdpa"
 
 
 def _varlen_kernel_serves(query: torch.Tensor) -> bool:

@@ -10,7 +10,8 @@ from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.launcher import check_gpu_layout
 from pipeline.driver.layout import Rates, choose_layout
-from pipeline.driver.memory import GB, CONTEXT_BYTES, _needs, check_target_memory
+from pipeline.driver.memory import (BUSY_BYTES, CONTEXT_BYTES, GB, _needs, busy_line,
+                                    check_target_memory)
 from pipeline.eval.config import EvalConfig
 from pipeline.resolve import resolve_job
 from pipeline.reference.trainer import SingleProcessTrainer
@@ -57,6 +58,18 @@ def test_a_stage_too_large_for_its_gpu_share_is_refused_naming_what_fits(tiny_as
     # On CPU only the layer count is checked.
     check_target_memory(compose_job(BASE + [f"train.out_dir={tmp_path}",
                                             "cluster.gpu_memory_gb=0.001"]), r, "cpu", [])
+
+
+def test_a_gpu_already_in_use_is_named_before_any_actor_starts():
+    """The 8B job on an 80 GB H100 beside a process holding 32 GB (2026-12-05) ran out of
+    memory in its evaluator; the driver now says so up front."""
+    total = int(80 * GB)
+    assert busy_line(total - CONTEXT_BYTES, total) is None  # the driver's own context
+    assert busy_line(total - CONTEXT_BYTES - BUSY_BYTES, total) is None
+    line = busy_line(total - int(33.5 * GB), total)
+    assert line.startswith("GPU memory: 33.5 GB of this GPU's 80 GB are in use before any "
+                           "actor starts")
+    assert "\n" not in line
 
 
 def test_layout_auto_counts_a_staged_target_as_its_stages():

@@ -102,18 +102,24 @@ def test_an_engine_whose_kernel_does_not_run_here_says_so(monkeypatch, caplog):
     assert lines == ["static decoder: " + sa.stand_in("triton", cpu, torch.float32)]
 
 
-def test_auto_picks_varlen_only_where_its_kernel_runs(monkeypatch):
-    """auto: varlen on CUDA in bf16/fp16 with a seqused_k kernel, sdpa elsewhere (CPU, fp32,
-    an older torch); a named attention is kept as it is."""
+def test_auto_picks_triton_then_varlen_only_where_their_kernels_run(monkeypatch):
+    """auto on CUDA in bf16/fp16: triton where Triton builds its kernel, else varlen where a
+    seqused_k flash kernel exists, else sdpa; sdpa on CPU and in fp32; a named attention is
+    kept as it is."""
     import pipeline.regen.static_attention as sa
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.setattr(sa, "_has_seqused_k", lambda: True)
-    assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "varlen"
-    assert sa.resolve_attention("auto", cuda, torch.float16) == "varlen"
+    monkeypatch.setattr(sa, "_triton_missing", lambda: None)
+    assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "triton"
+    assert sa.resolve_attention("auto", cuda, torch.float16) == "triton"
     assert sa.resolve_attention("auto", cuda, torch.float32) == "sdpa"
     assert sa.resolve_attention("auto", cpu, torch.bfloat16) == "sdpa"
+    assert sa.resolve_attention("auto", cpu, torch.float32) == "sdpa"
     assert sa.resolve_attention("flex", cuda, torch.float32) == "flex"
+    monkeypatch.setattr(sa, "_triton_missing", lambda: "ImportError: no module named triton")
+    assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "varlen"
+    assert sa.resolve_attention("auto", cuda, torch.float16) == "varlen"
     monkeypatch.setattr(sa, "_has_seqused_k", lambda: False)
     assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "sdpa"
 
