@@ -14,9 +14,10 @@ the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau 
 (``bench.decode_eval``); the 8B training step alone and beside a running evaluation
 (``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
 same tau and outputs. transformers' continuous batching (``bench.decode_regen``), the
-sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``, and with the
-prefills compiled too ``q8b_compile_prefill``) and those on the ``triton`` step
-(``smol_triton``, ``q8b_triton``, ``q8b_triton_compile``) run only when named in ``--only``.
+sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``,
+``q8b_triton_compile``, and with the prefills compiled too ``q8b_compile_prefill``) and those
+on the ``varlen`` step (``smol_varlen``, ``q8b_varlen``) run only when named in ``--only``;
+the sustained runs on the ``triton`` step, regeneration's default on CUDA, run by default.
 The runs share ``--budget-s``: each gets what is left (at most its own cap), and one that
 would start with too little is skipped and said so. The result file,
 written after every run, gathers the figures under the keys of issue 32 and keeps every
@@ -51,8 +52,8 @@ H200 = {
                     "--profile {logs}/smol_step_profile.txt", 150),
     "smol_eval": ("bench.decode_eval", "--target {folder} --prompts 64 --max-new-tokens 256 "
                   "--baseline-prompts 2 --batch-size 64 --humaneval {humaneval}", 90),
-    # Sustained decoding with the varlen step (each row's cache read to its own length),
-    # the regeneration's default on CUDA, at the rows where it was fastest on 2026-12-04.
+    # Sustained decoding with the varlen step (each row's cache read to its own length) at the
+    # rows where it was fastest on 2026-12-04: on request since triton became the default.
     "smol_varlen": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
                     "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
                     "--attention varlen", 90),
@@ -72,8 +73,8 @@ H200 = {
     "q8b_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
                     "--sustained-prompts 1024 --sustained-batch 512 --attention varlen "
                     "--compile-step", 220),
-    # The same sustained runs on the triton step (pipeline/regen/row_kernel.py), plain and
-    # compiled: on request until measured against varlen on the H200.
+    # The same sustained runs on the triton step (pipeline/regen/row_kernel.py), plain (by
+    # default: regeneration's auto on CUDA) and compiled (on request).
     "smol_triton": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
                     "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
                     "--attention triton", 90),
@@ -125,8 +126,8 @@ BACKGROUND = ("cpu_eval_equal",)
 MIN_START_S = 20  # a run is not started with less of the budget left than this
 # Run only when named in --only: continuous batching (measured on 2026-12-03, docs/BENCHMARKS.md,
 # and slow: 90 s), the compiled steps and prefills (a compile of up to a minute each), and the
-# triton step.
-ON_REQUEST = ("smol_cb", "smol_compile", "q8b_compile", "smol_triton", "q8b_triton",
+# varlen step (auto's pick until the triton step measured faster on an H100, 2026-12-05).
+ON_REQUEST = ("smol_cb", "smol_compile", "q8b_compile", "smol_varlen", "q8b_varlen",
               "q8b_triton_compile", "q8b_compile_prefill")
 
 

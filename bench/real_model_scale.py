@@ -42,7 +42,7 @@ class RealScale:
     # 50.8k; docs/BENCHMARKS.md, 2026-12-04).
     regen_batch_size: int = 8192  # conversations per regenerate call (--batch-size)
     regen_rows: int = 4096  # the static engine's rows; rows refill within a call (--static-rows)
-    regen_attention: str = "auto"  # the decode step's attention: varlen on CUDA in bf16
+    regen_attention: str = "auto"  # the decode step's attention: triton on CUDA in bf16
     # Drafters: overrides of the smollm2_135m preset.
     block_size: int = 16
     drafter_layers: int = 5
