@@ -18,7 +18,7 @@ heavy="tests/gpu/test_driver_gpu.py tests/gpu/test_fsdp_gpu.py"
 families="tests/gpu/test_families_gpu.py"
 run() {  # name, pytest arguments...
   local name=$1; shift
-  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE -m gpu "$@" \
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfEs -m gpu "$@" \
     >"$out/tier_$name.log" 2>&1
   echo "rc=$?" >>"$out/tier_$name.log"
 }
