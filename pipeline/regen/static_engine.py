@@ -91,12 +91,6 @@ class StaticEngine:
         note = stand_in(attention, param.device, param.dtype)
         if note is not None:
             log.info("static decoder: %s", note)
-        if compile_prefill and param.device.type == "cuda":
-            # Opted into, so said once: the one GPU run so far (H100, 2026-12-05) could not
-            # tell its bf16 differences from the uncompiled prefill's apart from a fault.
-            log.warning("static decoder: the compiled prefill is not yet shown to answer as the "
-                        "uncompiled one on a GPU (docs/BENCHMARKS.md, 2026-12-05); leave "
-                        "compile_prefill off for data you keep")
         self.device, self.per_slot = param.device, slot_bytes(model.config, param.dtype)
         self.cache_budget = None if cache_gb is None else int(cache_gb * 1e9)
         self.cuda_graphs, self.sync_every = cuda_graphs, sync_every
