@@ -24,7 +24,7 @@ import pipeline
 # Environment every actor must see: our package on the path, and the GPU machine's NCCL
 # safety settings (NVLink multicast off) also where Ray starts workers with a fresh env.
 _PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-             "NCCL_DEBUG", "WANDB_MODE")
+             "NCCL_DEBUG", "WANDB_MODE", "HF_HUB_DISABLE_PROGRESS_BARS")
 
 
 # Compiled graphs and kernels are cached on disk and reused by every later process: a
@@ -53,7 +53,10 @@ def compile_cache_env() -> dict[str, str]:
 def actor_env() -> dict[str, str]:
     root = str(Path(pipeline.__file__).resolve().parent.parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": path, **compile_cache_env()}
+    # Ray forwards an actor's output line by line, so a progress bar (transformers' "Loading
+    # weights" on every target and evaluator load) reaches the user as a garbled line of
+    # carriage returns. Set it to 0 to see the bars.
+    env = {"PYTHONPATH": path, "HF_HUB_DISABLE_PROGRESS_BARS": "1", **compile_cache_env()}
     env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
     return env
 

@@ -17,6 +17,13 @@ def test_actors_share_a_persistent_compile_cache(monkeypatch):
     assert actor_env()["TORCHINDUCTOR_CACHE_DIR"] == "/fast/disk/inductor"
 
 
+def test_actors_show_no_progress_bars_unless_asked(monkeypatch):
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    assert actor_env()["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    assert actor_env()["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
 class _Env:
     def get(self, keys):
         import os

@@ -28,9 +28,11 @@ def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
     output = proc.stderr + proc.stdout
     assert "done: 6 steps" in output
     # Nothing the user cannot act on: Ray's notice that it chose token authentication for the
-    # local cluster, a library's deprecation warning, a trace window wider than the run.
+    # local cluster, a library's deprecation warning, a trace window wider than the run, the
+    # actors' weight-loading progress bars (one line of carriage returns each, through Ray).
     assert "trace of steps 3..6:" in output  # the steps traced, not the window (3..7)
     noise = [line for line in output.splitlines()
              if "Token authentication" in line or "RAY_AUTH_MODE" in line
-             or "deprecat" in line.lower() or "FutureWarning" in line]
+             or "deprecat" in line.lower() or "FutureWarning" in line
+             or "Loading weights" in line]
     assert not noise, "\n".join(noise)
