@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from bench.run_log import last_line
+
 log = logging.getLogger("bench.eval_beside_training")
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -296,7 +298,10 @@ def drive(args, argv: list[str]) -> dict:
             path.unlink()
     codes = [proc.returncode for proc in procs]
     if codes != [0, 0]:
-        result["error"] = (f"trainer rc {codes[0]}, evaluator rc {codes[1]}: see "
+        # Each failed role's last line in the error itself: the logs may not outlive the machine.
+        causes = "; ".join(f"{role}: {last_line(work / f'{role}.log')}"
+                           for role, code in zip(("train", "eval"), codes) if code != 0)
+        result["error"] = (f"trainer rc {codes[0]}, evaluator rc {codes[1]} ({causes}): see "
                            f"{work}/train.log and {work}/eval.log")
         _write(args, work, result)
         log.error("%s", result["error"])

@@ -36,6 +36,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.run_log import last_line
+
 log = logging.getLogger(__name__)
 
 # name -> (module, arguments, seconds it may take at most). {folder}, {humaneval} (the converted
@@ -152,14 +154,17 @@ class Run:
             rc = f"timeout after {time.perf_counter() - self.t0:.0f} s"
         self.log.close()
         wall = round(time.perf_counter() - self.t0, 1)
-        log.info("%s: rc %s in %.1f s", self.name, rc, wall)
         found = json.loads(self.out.read_text()) if self.out.exists() else {}
-        if rc != 0:
-            return {**found, "error": f"{' '.join(self.cmd[1:])} ended rc {rc} after {wall} s; "
-                                      f"see {self.name}.log"
-                                      + ("; partial figures kept" if found else ""),
-                    "wall_s": wall}
-        return {**found, "wall_s": wall}
+        if rc == 0:
+            log.info("%s: rc 0 in %.1f s", self.name, wall)
+            return {**found, "wall_s": wall}
+        # The cause in the summary itself: a run's log may not survive the machine it ran on.
+        last = last_line(Path(self.log.name))
+        log.info("%s: rc %s in %.1f s: %s", self.name, rc, wall, last)
+        return {**found, "error": f"{' '.join(self.cmd[1:])} ended rc {rc} after {wall} s "
+                                  f"({last}); see {self.name}.log"
+                                  + ("; partial figures kept" if found else ""),
+                "wall_s": wall}
 
 
 def gather(runs: dict) -> dict:

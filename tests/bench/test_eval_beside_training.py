@@ -3,6 +3,7 @@ processes, go through every phase (alone, then beside the evaluator at each duty
 result says what each did."""
 
 import json
+import re
 
 from bench import eval_beside_training
 
@@ -35,3 +36,14 @@ def test_slowdown_is_reported_by_median_and_by_mean(tmp_path):
     result = eval_beside_training._summary(tmp_path)
     assert result["slowdown_vs_alone"] == {"beside_duty_0.15": 0.01}
     assert result["slowdown_mean_vs_alone"] == {"beside_duty_0.15": 0.1}
+
+
+def test_a_failed_role_names_its_cause_in_the_error(tmp_path):
+    """A role that fails puts its log's last line (the exception) into the result's error:
+    on the H100 (2026-12-05) the roles' logs did not come back and "rc 1" was all there was."""
+    result = eval_beside_training.main([
+        "--shape", "tiny", "--device", "nosuch", "--steps", "1", "--warmup", "1",
+        "--work", str(tmp_path / "work"), "--timeout", "300"])
+    # Whichever role fails first, the other is stopped: either may carry the cause.
+    assert re.search(r"(train|eval): RuntimeError: Expected one of cpu.* device string: "
+                     r"nosuch", result["error"]), result["error"]

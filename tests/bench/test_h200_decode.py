@@ -4,6 +4,7 @@ static engine answers as generate does, the two evaluators give the same tau and
 sustained run decodes more prompts than rows on one engine; the step timing and its profile)."""
 
 import json
+import logging
 
 import pytest
 
@@ -74,6 +75,26 @@ def test_a_spent_budget_skips_runs_and_says_so(tmp_path, monkeypatch):
     result = json.loads(out.read_text())
     assert "budget left" in result["runs"]["smol_static"]["skipped"]
     assert result["smollm2_135m"]["regen_tokens_per_s"] is None
+
+
+def test_a_failed_run_names_its_cause_in_the_summary(tmp_path, caplog):
+    """The failed run's last log line (the exception) is in the log line and its error: on
+    the H100 (2026-12-05) three runs' logs did not come back and only "rc 1" was left."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    run = h200_decode.Run("broken", "bench.no_such_module", "", logs)
+    with caplog.at_level(logging.INFO, logger="bench.h200_decode"):
+        result = run.finish(120)
+    assert "No module named bench.no_such_module" in result["error"]
+    assert "partial figures" not in result["error"]
+    assert any(r.getMessage().startswith("broken: rc 1 in ") and
+               r.getMessage().endswith("No module named bench.no_such_module")
+               for r in caplog.records)
+    bar = logs / "bar.log"
+    bar.write_text("Loading: 10%\rLoading: 100%\n\nRuntimeError: boom\n\n")
+    assert h200_decode.last_line(bar) == "RuntimeError: boom"
+    bar.write_text("")
+    assert h200_decode.last_line(bar) == "no output"
 
 
 def test_unknown_run_is_refused(tmp_path, monkeypatch):
