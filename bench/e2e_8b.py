@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench.run_log import last_line
 from bench.scale.synthetic import build_target, write_chats
 
 
@@ -286,6 +287,8 @@ def main(argv=None) -> dict:
               "returncode": times["returncode"]}
     rows = _rows(run_dir / "metrics.jsonl")
     result["completed"] = times["returncode"] == 0
+    if not result["completed"]:
+        result["error"] = last_line(log_path)  # the log may not outlive the machine
     if any("train/loss" in r for r in rows):
         result.update(_summarise(times, rows, log_text,
                                  samples_per_step=2 * args.micro_batch, loss_rtol=args.loss_rtol))

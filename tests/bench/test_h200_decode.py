@@ -95,6 +95,11 @@ def test_a_failed_run_names_its_cause_in_the_summary(tmp_path, caplog):
     assert h200_decode.last_line(bar) == "RuntimeError: boom"
     bar.write_text("")
     assert h200_decode.last_line(bar) == "no output"
+    bar.write_text("(TargetWorker pid=5) AcceleratorError: CUDA error: out of memory\n"
+                   "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack "
+                   "trace.\n")
+    assert h200_decode.last_line(bar) == ("(TargetWorker pid=5) AcceleratorError: CUDA error: "
+                                          "out of memory")
 
 
 def test_unknown_run_is_refused(tmp_path, monkeypatch):
