@@ -146,7 +146,7 @@ def busy_line(free: int, total: int) -> Optional[str]:
     if held <= CONTEXT_BYTES + BUSY_BYTES:
         return None
     return (f"GPU memory: {held / GB:.1f} GB of this GPU's {total / GB:.0f} GB are in use before "
-            f"any actor starts (other processes: see nvidia-smi); the plan above counts the "
+            f"any actor starts (other processes: see nvidia-smi); the memory plan counts the "
             f"whole GPU, so its actors may run out of memory")
 
 
