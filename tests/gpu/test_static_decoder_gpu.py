@@ -112,7 +112,9 @@ def _attention_by_rows(q, k, v, lengths, group):
 
 @pytest.mark.parametrize("name, group, dim, dtype", [
     ("varlen", 3, 64, torch.bfloat16), ("triton", 3, 64, torch.bfloat16),
-    ("triton", 4, 128, torch.bfloat16), ("triton", 4, 128, torch.float32)])
+    ("triton", 4, 128, torch.bfloat16), ("triton", 4, 128, torch.float32),
+    # fp16 too: regeneration's auto picks triton for fp16 models as well.
+    ("triton", 3, 64, torch.float16)])
 def test_row_length_step_reads_each_row_to_its_own_length(device, on_cuda, name, group, dim,
                                                            dtype):
     """The ``varlen`` and ``triton`` decode attentions (on CUDA the flash kernel and our Triton
