@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-attention", choices=ATTENTIONS,
                    default=_DEFAULTS["static_attention"],
                    help="static: the decode step's attention (flex, varlen and triton read "
-                        "each row's own prefix only; auto: triton on CUDA in bf16/fp16, varlen "
+                        "each row's own prefix only; auto: triton on CUDA (Ampere+) in bf16/fp16, varlen "
                         "where Triton is missing, else sdpa)")
     p.add_argument("--static-compile", action=argparse.BooleanOptionalAction,
                    default=_DEFAULTS["static_compile"],

@@ -178,6 +178,10 @@ def _has_seqused_k() -> bool:
     return op is not None and any(a.name == "seqused_k" for a in op.default._schema.arguments)
 
 
+def _capability(device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
 def _triton_missing() -> str | None:
     """Why the ``triton`` kernel cannot be built here (None: it can)."""
     try:
@@ -235,11 +239,13 @@ def stand_in(attention: str, device, dtype: torch.dtype) -> str | None:
 
 
 def resolve_attention(attention: str, device, dtype: torch.dtype) -> str:
-    """``attention`` itself, or for ``auto``: on CUDA in bf16/fp16 triton where its kernel can
-    be built, else varlen where the flash kernel runs; sdpa elsewhere."""
+    """``attention`` itself, or for ``auto``: on CUDA (Ampere or newer) in bf16/fp16 triton
+    where its kernel can be built, else varlen where the flash kernel runs; sdpa elsewhere."""
     if attention != AUTO:
         return attention
     if torch.device(device).type != "cuda" or dtype not in _FLASH_DTYPES:
+        return "sdpa"
+    if _capability(device) < (8, 0):  # neither kernel serves (flash) or was tried before Ampere
         return "sdpa"
     for choice in ("triton", "varlen"):  # the faster first (H100, 2026-12-05)
         try:

@@ -103,14 +103,15 @@ def test_an_engine_whose_kernel_does_not_run_here_says_so(monkeypatch, caplog):
 
 
 def test_auto_picks_triton_then_varlen_only_where_their_kernels_run(monkeypatch):
-    """auto on CUDA in bf16/fp16: triton where Triton builds its kernel, else varlen where a
-    seqused_k flash kernel exists, else sdpa; sdpa on CPU and in fp32; a named attention is
-    kept as it is."""
+    """auto on CUDA (Ampere or newer) in bf16/fp16: triton where Triton builds its kernel,
+    else varlen where a seqused_k flash kernel exists, else sdpa; sdpa on CPU, in fp32 and
+    before Ampere; a named attention is kept as it is."""
     import pipeline.regen.static_attention as sa
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.setattr(sa, "_has_seqused_k", lambda: True)
     monkeypatch.setattr(sa, "_triton_missing", lambda: None)
+    monkeypatch.setattr(sa, "_capability", lambda device: (9, 0))
     assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "triton"
     assert sa.resolve_attention("auto", cuda, torch.float16) == "triton"
     assert sa.resolve_attention("auto", cuda, torch.float32) == "sdpa"
@@ -122,6 +123,12 @@ def test_auto_picks_triton_then_varlen_only_where_their_kernels_run(monkeypatch)
     assert sa.resolve_attention("auto", cuda, torch.float16) == "varlen"
     monkeypatch.setattr(sa, "_has_seqused_k", lambda: False)
     assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "sdpa"
+    # Before Ampere (a V100, a T4) the flash kernel does not run: sdpa, whatever is installed.
+    monkeypatch.setattr(sa, "_has_seqused_k", lambda: True)
+    monkeypatch.setattr(sa, "_triton_missing", lambda: None)
+    monkeypatch.setattr(sa, "_capability", lambda device: (7, 5))
+    assert sa.resolve_attention("auto", cuda, torch.bfloat16) == "sdpa"
+    assert sa.resolve_attention("varlen", cuda, torch.bfloat16) == "varlen"  # named: kept
 
 
 def test_varlen_folds_each_query_group_into_one_kernel_sequence(monkeypatch):
