@@ -35,8 +35,8 @@ class RegenConfig:
     static_rows: int = 512  # static: the KV cache's rows (requests decoded at once)
     # static: the decode step's attention (pipeline/regen/static_attention.py: sdpa and
     # matmul read every row's cache up to the furthest row; flex, varlen and triton each
-    # row's own prefix). auto: on CUDA (Ampere+) in bf16/fp16 triton where Triton builds its kernel, else
-    # varlen where the flash kernel runs; sdpa elsewhere.
+    # row's own prefix). auto: on CUDA (Ampere+) in bf16/fp16 triton where Triton builds its
+    # kernel, else varlen where the flash kernel runs; sdpa elsewhere.
     static_attention: str = "auto"
     # static: the decode step through torch.compile (fused norms, RoPE and activations; the
     # compile is paid once per worker and kept in the compile cache). varlen or triton
