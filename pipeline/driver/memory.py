@@ -114,7 +114,8 @@ def check_target_memory(job: JobConfig, r: ResolvedJob, device: str,
                     "whether each stage fits is not checked before the actors start", k)
         return
     if job.cluster.gpu_memory_gb is None and torch.cuda.is_available():
-        line = busy_line(*torch.cuda.mem_get_info())
+        held = _held_bytes()
+        line = None if held is None else busy_line(held, gpu)
         if line:
             log.warning(line)
     _check_evaluator(job, r, gpu)
@@ -138,11 +139,21 @@ def check_target_memory(job: JobConfig, r: ResolvedJob, device: str,
         f"larger cluster.gpus_per_actor")
 
 
-def busy_line(free: int, total: int) -> Optional[str]:
+def _held_bytes() -> Optional[int]:
+    """GPU 0's memory in use by every process, as nvidia-smi reads it (NVML): unlike
+    ``torch.cuda.mem_get_info`` it makes no CUDA context in the driver, which would hold about
+    half a GB of the actors' GPU for the whole job. None where NVML cannot be read."""
+    try:
+        return int(torch.cuda.device_memory_used(0))
+    except Exception as e:  # pynvml not installed, or NVML not loadable: the check is advisory
+        log.debug("GPU memory in use not read (%s: %s)", type(e).__name__, e)
+        return None
+
+
+def busy_line(held: int, total: int) -> Optional[str]:
     """A warning when the driver's GPU is already largely in use before any actor starts
-    (more than ``BUSY_BYTES`` beyond the driver's own context): the plan counts the whole GPU,
-    and its actors would run out of memory far from the cause. None otherwise."""
-    held = total - free
+    (``held`` more than ``BUSY_BYTES`` beyond a context's worth): the plan counts the whole
+    GPU, and its actors would run out of memory far from the cause. None otherwise."""
     if held <= CONTEXT_BYTES + BUSY_BYTES:
         return None
     return (f"GPU memory: {held / GB:.1f} GB of this GPU's {total / GB:.0f} GB are in use before "

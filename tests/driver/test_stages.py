@@ -64,9 +64,9 @@ def test_a_gpu_already_in_use_is_named_before_any_actor_starts():
     """The 8B job on an 80 GB H100 beside a process holding 32 GB (2026-12-05) ran out of
     memory in its evaluator; the driver now says so up front."""
     total = int(80 * GB)
-    assert busy_line(total - CONTEXT_BYTES, total) is None  # the driver's own context
-    assert busy_line(total - CONTEXT_BYTES - BUSY_BYTES, total) is None
-    line = busy_line(total - int(33.5 * GB), total)
+    assert busy_line(CONTEXT_BYTES, total) is None  # a context's worth
+    assert busy_line(CONTEXT_BYTES + BUSY_BYTES, total) is None
+    line = busy_line(int(33.5 * GB), total)
     assert line.startswith("GPU memory: 33.5 GB of this GPU's 80 GB are in use before any "
                            "actor starts")
     assert "\n" not in line
