@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-attention", choices=ATTENTIONS,
                    default=_DEFAULTS["static_attention"],
                    help="static: the decode step's attention (flex, varlen and triton read "
-                        "each row's own prefix only; auto: triton on CUDA (Ampere+) in bf16/fp16, varlen "
-                        "where Triton is missing, else sdpa)")
+                        "each row's own prefix only; auto: triton on CUDA (Ampere+) in "
+                        "bf16/fp16, varlen where Triton is missing, else sdpa)")
     p.add_argument("--static-compile", action=argparse.BooleanOptionalAction,
                    default=_DEFAULTS["static_compile"],
                    help="static: the decode step through torch.compile (with "
