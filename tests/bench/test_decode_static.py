@@ -48,3 +48,25 @@ def test_the_variants_without_a_figure_are_named_for_the_commands_exit():
                        "64": {"variants": {"varlen": ok}}}}
     assert decode_static.failed_variants(result) == ["512:triton"]
     assert decode_static.failed_variants({"runs": {}}) == []
+
+
+def test_split_of_a_call_decoded_wholly_apart():
+    """Every prompt too long for the kept cache (the 8B shape at 512 rows on an 80 GB card):
+    the engine's stats hold only the apart part, and the bench splits that one."""
+    from pipeline.regen.cache_budget import slot_bytes
+    from pipeline.regen.static_engine import StaticEngine
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    per_slot = slot_bytes(model.config, torch.float32)
+    engine = StaticEngine(model, 2, cuda_graphs=False, cache_gb=2 * 16 * per_slot / 1e9)
+    with torch.no_grad():
+        answers = engine.decode([[1] * 20, [2] * 30, [3] * 25], 4, set())
+    assert set(engine.last_stats) == {"long"}  # nothing fit the 16 columns kept
+    tokens = sum(map(len, answers))
+    split = decode_static.split(engine.last_stats, tokens)
+    assert split["all_decoded_apart"] is True and split["prompts"] == 3
+    assert split["steps"] == engine.last_stats["long"]["steps"] > 0
+    assert 0 < split["decode_s"] <= split["wall_s"]
