@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
+from pipeline.error_chain import chain
+
 log = logging.getLogger(__name__)
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -88,20 +90,7 @@ def write_atomic(path: PathLike, data: Union[str, bytes]) -> Path:
 
 def find_disk_full(exc: BaseException) -> Optional[OSError]:
     """The first full-disk OSError in ``exc``'s chain, looking into Ray task errors too."""
-    seen: set[int] = set()
-    todo: list[Optional[BaseException]] = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if is_disk_full(e):
-            return e
-        # Ray's RayTaskError keeps the actor's exception as .cause.
-        cause = getattr(e, "cause", None)
-        todo += [cause if isinstance(cause, BaseException) else None, e.__cause__,
-                 e.__context__]
-    return None
+    return next((e for e in chain(exc) if is_disk_full(e)), None)
 
 
 def disk_full_headline(exc: BaseException, kept: Optional[PathLike]) -> Optional[str]:

@@ -19,6 +19,7 @@ import hydra
 
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.diskfull import disk_full_headline
+from pipeline.gpu_oom import gpu_oom_headline
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
 
@@ -58,11 +59,14 @@ def main(cfg) -> None:
                                          driver.saves.last if driver is not None else None))
         raise SystemExit(stop_signals.exit_code(stop)) from None
     except Exception as e:
-        line = disk_full_headline(e, driver.saves.last if driver is not None else None)
+        kept = driver.saves.last if driver is not None else None
+        line = gpu_oom_headline(e, job, None if kept is None else str(kept))
         if line is None:
-            raise
-        logging.raiseExceptions = False  # train.log sits on the full disk: no traceback for it
-        log.error("%s", line)  # one line: the file that could not be written, what is kept
+            line = disk_full_headline(e, kept)
+            if line is None:
+                raise
+            logging.raiseExceptions = False  # train.log sits on the full disk: no traceback
+        log.error("%s", line)  # one line: what ran out, what is kept
         raise SystemExit(1) from None
     if _report(summary):
         raise SystemExit(1)

@@ -1,11 +1,13 @@
 """The package's layers, lowest first: a module imports only from its own layer or below.
 
-    base         validate, dtypes, diskfull, preflight, config keys, Ray start, dist/, serving/
+    base         validate, dtypes, diskfull, error_chain, preflight, config keys, Ray start,
+                 dist/, serving/
     libraries    model/, objective/, data/, transport/, assets/ (each with its own config.py)
     components   training/, eval/, checkpoint/: the drafter trainer, optimizer, plan, tau,
                  checkpoints; each gets only its own config section, never the job's JobConfig
     job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together;
-                 resume_contract.py (a resume's settings, read from the JobConfig)
+                 resume_contract.py (a resume's settings, read from the JobConfig); gpu_oom.py
+                 (an out-of-memory error's line, naming the JobConfig's settings)
     workers      workers/: the Ray actors' plain classes; they run without the driver
     regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
     driver       driver/: the training job over Ray
@@ -33,10 +35,12 @@ PACKAGE = Path(pipeline.__file__).resolve().parent
 
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__.py", "validate.py", "dtypes.py", "diskfull.py", "preflight.py",
-              "config_keys.py", "wandb_env.py", "ray_start.py", "dist", "serving"}),
+              "config_keys.py", "wandb_env.py", "ray_start.py", "error_chain.py", "dist",
+              "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),
-    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py"}),
+    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py",
+             "gpu_oom.py"}),
     ("workers", {"workers"}),
     ("regen", {"regen"}),
     ("driver", {"driver"}),
