@@ -207,6 +207,16 @@ def test_triton_engine_answers_as_generate_and_as_varlen(tmp_path, device, on_cu
     assert sum(a == b for a, b in zip(got, want)) >= len(prompts) - 1
     if on_cuda:
         assert engine.last_stats["graphs"] == 1
+    # A cache of 48 columns at 6 rows: the longer prompts are decoded apart, after the rest,
+    # on a cache of their own, captured too (one graph serves every span).
+    per_slot = slot_bytes(model.config, torch.float32)
+    bounded = StaticEngine(model, 6, sync_every=4, span_bucket=16, attention="triton",
+                           cache_gb=6 * 48 * per_slot / 1e9)
+    got = bounded.decode(prompts, MAX_NEW, stops)
+    assert sum(a == b for a, b in zip(got, want)) >= len(prompts) - 1
+    assert bounded.last_stats["long"]["prompts"] >= 3
+    if on_cuda:
+        assert bounded.last_stats["long"]["graphs"] == 1
     same, engine = _two_engines(tmp_path / "bf16", device, on_cuda, 6, {"attention": "varlen"},
                                 {"attention": "triton"})
     assert same >= (0.6 if on_cuda else 1.0), same
