@@ -20,8 +20,9 @@ one engine kept across two calls (as a regeneration worker keeps it), a first wa
 prompts (cache, captures: ``setup``), then all N prompts timed (``timed``: refills included,
 prefill and decode steps split). ``--step-rows R1,R2`` times one decode step alone at those
 rows, captured and uncaptured, for each ``--step-attention`` variant, beside the step's
-datasheet ceiling (``bench.decode_step``); ``--profile FILE`` writes the top kernels of three
-uncaptured steps and three replays there. The JSON is written after every part.
+datasheet ceiling (``bench.decode_step``), and one prefill call of the engine's size per cache
+layout; ``--profile FILE`` writes the top kernels of that prefill call, of three uncaptured
+steps and of three replays there. The JSON is written after every part.
 
 Models: an HF folder; ``gguf:FILE`` (dequantised to a dense model in ``--dtype``, tokenizer
 and chat template from the file); ``qwen3_8b_random`` (Qwen3-8B's config, random weights made

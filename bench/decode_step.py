@@ -65,7 +65,7 @@ def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int,
             attention: str = "sdpa") -> StaticDecoder:
     """A decoder whose ``rows`` rows all hold a prompt (cycled) and stay live for ``steps``
     (its cache laid out for ``attention``: token-major for varlen and triton)."""
-    chosen = [list(prompts[i % len(prompts)]) for i in range(rows)]
+    chosen = _cycled(prompts, rows)
     longest = max(map(len, chosen))
     decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
                             prefill_tokens=16384, span_bucket=128, attention=attention)
@@ -73,6 +73,44 @@ def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int,
     with swapped(model):
         decoder._prefill(list(range(rows)), chosen)
     return decoder
+
+
+def _cycled(prompts: Sequence[Sequence[int]], rows: int) -> list[list[int]]:
+    return [list(prompts[i % len(prompts)]) for i in range(rows)]
+
+
+def prefill_timing(decoder: StaticDecoder, chosen: list[list[int]], tables: list,
+                   profile: Optional[Path], repeats: int = 3) -> dict:
+    """One prefill call of the engine's size (the first prompts of ``chosen`` that fit
+    ``prefill_tokens`` padded tokens) into the rows a fill just gave them: the state it writes
+    is the state already there. ms a call, tokens/s, and (``profile``) the kernels of one.
+    The prefill was 38-40% of a whole regeneration on SmolLM2 and at the 8B shape
+    (2026-12-05), at 54-95 ms a call of 16k tokens on SmolLM2-135M, which its FLOPs do not
+    explain."""
+    device = decoder.device
+    width, k = 0, 0
+    while k < len(chosen):
+        wider = max(width, len(chosen[k]))
+        if k and wider * (k + 1) > decoder.prefill_tokens:
+            break
+        width, k = wider, k + 1
+    group = (list(range(k)), chosen[:k], width)
+    with swapped(decoder.model):
+        decoder._prefill_group(*group)  # warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            decoder._prefill_group(*group)
+        _sync(device)
+        ms = 1e3 * (time.perf_counter() - t0) / repeats
+        if profile is not None:
+            tables.append(_profiled(lambda: decoder._prefill_group(*group), device,
+                                    f"one prefill call: {k} prompts, width {width}"))
+            profile.parent.mkdir(parents=True, exist_ok=True)
+            profile.write_text("".join(tables))
+    real = sum(map(len, chosen[:k]))
+    return {"prompts": k, "width": width, "tokens": real, "ms": ms,
+            "tokens_per_s": real / ms * 1e3}
 
 
 def _table(prof, device) -> str:
@@ -147,6 +185,9 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     for group in (g for g in layouts if g):
         decoder = _filled(model, prompts, rows, len(group) * per_variant,
                           group[0].removesuffix(COMPILED))
+        layout = "token-major" if group is token_major else "head-major"
+        out.setdefault("prefill", {})[layout] = prefill_timing(
+            decoder, _cycled(prompts, rows), tables, profile)
         for attention in group:
             out["variants"][attention] = _variant(decoder, model, rows, attention, steps,
                                                   per_variant, tables, profile)

@@ -211,6 +211,9 @@ def gather(runs: dict) -> dict:
                 k: v.get(k) for k in ("span", "captured_ms", "uncaptured_ms", "ceiling_ms",
                                       "ceiling_share", "error") if k != "error" or k in v}
                 for rows, timing in step.items() for name, v in timing["variants"].items()},
+            "prefill_call_ms": {f"{rows} rows, {layout}": v
+                                for rows, timing in step.items()
+                                for layout, v in (timing.get("prefill") or {}).items()},
             "cb_tokens_per_s": pick(cb, "regen_tokens_per_s"),
             "hf_generate_tokens_per_s": pick(static, "runs", "hf", "tokens_per_s"),
             "regen_identical_to_hf_share": pick(static, "runs", "static", "identical_share"),

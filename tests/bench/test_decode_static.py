@@ -38,6 +38,9 @@ def test_a_failing_step_variant_is_reported_and_the_others_stand(tmp_path):
                       steps=2)
     variants = out["variants"]
     assert variants["no-such-kernel"]["error"].startswith("KeyError")
+    prefill = out["prefill"]["head-major"]  # sdpa and flex share a cache layout
+    assert list(out["prefill"]) == ["head-major"]
+    assert prefill["prompts"] == 2 and prefill["tokens"] == 8 and prefill["ms"] > 0
     for name in ("sdpa", "flex"):
         assert "error" not in variants[name] and variants[name]["uncaptured_ms"] > 0
 

@@ -40,6 +40,9 @@ def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
         assert "captured_ms" not in figures  # CPU: nothing captured, nothing claimed
     profile = (logs / "smol_step_profile.txt").read_text()
     assert "== sdpa: 3 uncaptured decode steps" in profile and "aten::" in profile
+    assert "== one prefill call: " in profile
+    assert set(smol["prefill_call_ms"]) == {"4 rows, head-major", "4 rows, token-major"}
+    assert all(v["ms"] > 0 and v["tokens"] > 0 for v in smol["prefill_call_ms"].values())
     assert set(smol["decode_step_ms"]) == {"4 rows, sdpa", "4 rows, matmul", "4 rows, flex",
                                            "4 rows, varlen", "4 rows, triton"}
     assert smol["regen_sustained_varlen_tokens_per_s"] is None  # its run was not asked for
