@@ -110,8 +110,9 @@ class EvalWorker:
         """Between evaluations this process holds the target and the drafter copy only: the
         evaluation's caches, graph pools and activations go back to the device, where a
         drafter or target sharing the GPU can take them. At the 8B shape on one 80 GB H100
-        (2026-12-05) the evaluator kept 26.3 GB after its first evaluation, about 10 GB above
-        its weights, and the drafter beside it then ran out of memory at its first step."""
+        (2026-12-05) the evaluator held 26.3 GiB after its first evaluation, about 7 GB more
+        than its target and drafter copy, and the drafter beside it then ran out of memory at
+        its first step."""
         if self.device.type != "cuda":
             return
         gc.collect()  # a graph or cache still referenced from a cycle keeps its blocks

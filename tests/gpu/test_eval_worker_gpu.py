@@ -1,6 +1,6 @@
 """The evaluator actor's class on CUDA: between evaluations it holds its weights only, so a
 drafter or target sharing its GPU can use what an evaluation's caches and graphs took (at the
-8B shape on one 80 GB H100 the evaluator kept 10 GB beyond its weights after its first
+8B shape on one 80 GB H100 the evaluator held about 7 GB beyond its weights after its first
 evaluation, and the drafter beside it ran out of memory).
 
     pytest -q tests/gpu/test_eval_worker_gpu.py
