@@ -111,3 +111,20 @@ def test_a_killed_process_is_gone_once_its_memory_is_freed():
         child.kill()
         child.wait()
     assert gone_after(child.pid, limit_s=1.0) is not None  # reaped: no such process
+
+
+def test_the_evaluator_runs_only_where_the_gpu_holds_it_beside_the_job(tmp_path):
+    import argparse
+
+    from bench.e2e_8b import _command, eval_on
+
+    assert eval_on("auto", 85.0) is False  # an H100's 80 GB (as torch counts it, 85e9 bytes)
+    assert eval_on("auto", 150.1) is True  # an H200
+    assert eval_on("on", 85.0) is True and eval_on("off", 150.1) is False
+    args = argparse.Namespace(max_length=800, micro_batch=4, anchors=256, steps=200, every=100,
+                              eval_prompts=8, set=[], eval="off")
+    cmd = _command(args, tmp_path / "t", tmp_path / "d.jsonl", tmp_path / "run")
+    assert "train.eval.every=-1" in cmd and "train.checkpoint.every=100" in cmd
+    assert "train.eval.every=100" in _command(argparse.Namespace(**{**vars(args), "eval": "on"}),
+                                              tmp_path / "t", tmp_path / "d.jsonl",
+                                              tmp_path / "run")
