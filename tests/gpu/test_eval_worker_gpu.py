@@ -24,7 +24,7 @@ def test_the_evaluator_gives_back_what_an_evaluation_took(tiny_assets, tmp_path,
     n, length = (256, 400) if on_cuda else (4, 24)
     g = torch.Generator().manual_seed(5)
     prompts = torch.randint(4, 1000, (n, length), generator=g).tolist()
-    decode = EvalConfig(batch_size=n).decode_options()
+    decode = EvalConfig(batch_size=n, gpu_duty=1.0).decode_options()  # no pacing sleeps
     worker = EvalWorker(spec=r.spec, target_path=r.target_path, device=device,
                         target_dtype=torch.float32, prompts=prompts, max_new_tokens=32,
                         eos_token_id=None, decode=decode)
