@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from pipeline.config import JobConfig
 from pipeline.error_chain import chain
@@ -51,8 +51,11 @@ def _knobs(job: JobConfig, actor: str) -> list[str]:
     return shape
 
 
-def gpu_oom_headline(exc: BaseException, job: JobConfig, kept: Optional[str]) -> Optional[str]:
-    """The one line a job ends with when ``exc`` comes from a GPU out of memory (else None)."""
+def gpu_oom_line(exc: BaseException, knobs_of: Callable[[str], list[str]],
+                 tail: str) -> Optional[str]:
+    """``out of GPU memory in <actor>: <figures>. Settings that shrink it: <knobs>; <tail>``
+    when ``exc`` comes from a GPU out of memory, else None. ``knobs_of(actor class name)``
+    gives the settings with their values."""
     found = [e for e in chain(exc) if is_gpu_oom(e)]
     if not found:
         return None
@@ -73,12 +76,18 @@ def gpu_oom_headline(exc: BaseException, job: JobConfig, kept: Optional[str]) ->
     who = f"{actor} (pid {where.group(2)})" if where else "a process of this job"
     line = f"out of GPU memory in {who}"
     line += f": {'; '.join(parts)}" if parts else f": {text[:200]}"
-    knobs = _knobs(job, actor.split(".")[0])
-    if job.train.eval.off is None and not actor.startswith("Eval"):
-        knobs.append("train.eval.every=-1 (no tau evaluator: it holds a whole target beside "
-                     "the training actors)")
-    line += f". Settings that shrink it: {', '.join(knobs)}"
-    if kept is None:
-        return line + "; no checkpoint of this run was written before it"
-    return line + (f"; kept: checkpoint {kept}, rerun with train.checkpoint.resume=auto to go on "
-                   "from it")
+    return f"{line}. Settings that shrink it: {', '.join(knobs_of(actor.split('.')[0]))}; {tail}"
+
+
+def gpu_oom_headline(exc: BaseException, job: JobConfig, kept: Optional[str]) -> Optional[str]:
+    """The one line a training job ends with when ``exc`` comes from a GPU out of memory."""
+    def knobs_of(actor: str) -> list[str]:
+        knobs = _knobs(job, actor)
+        if job.train.eval.off is None and not actor.startswith("Eval"):
+            knobs.append("train.eval.every=-1 (no tau evaluator: it holds a whole target "
+                         "beside the training actors)")
+        return knobs
+
+    tail = ("no checkpoint of this run was written before it" if kept is None else
+            f"kept: checkpoint {kept}, rerun with train.checkpoint.resume=auto to go on from it")
+    return gpu_oom_line(exc, knobs_of, tail)

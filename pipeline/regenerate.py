@@ -33,6 +33,7 @@ import sys
 from typing import Optional, Sequence
 
 from pipeline.data.config import FORMATS, ON_BAD_LINE
+from pipeline.gpu_oom import gpu_oom_line
 from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES
 from pipeline.regen.config import DEVICES, DTYPES, RegenConfig
 from pipeline.regen.static_attention import CHOICES as ATTENTIONS
@@ -106,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def engine_knobs(cfg: RegenConfig) -> list[str]:
+    """The settings that shrink a generator's GPU memory, with this run's values."""
+    if cfg.engine == "static":
+        return [f"--static-rows {cfg.static_rows}",
+                f"--max-new-tokens {cfg.max_new_tokens} (the cache's columns)"]
+    if cfg.engine == "cb":
+        return [f"--cb-num-blocks {cfg.cb_num_blocks or 'auto'}",
+                f"--cb-max-batch-tokens {cfg.cb_max_batch_tokens or 'auto'}"]
+    return [f"--batch-size {cfg.conversations_per_call}"]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = vars(parser.parse_args(argv))
@@ -116,7 +128,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plan = prepare(RegenConfig(**args))
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    summary = execute(plan)
+    try:
+        summary = execute(plan)
+    except Exception as e:
+        line = gpu_oom_line(e, lambda actor: engine_knobs(plan.cfg), f"the answers written "
+                            f"so far stay in {plan.cfg.output}; the same command goes on "
+                            f"from them")
+        if line is None:
+            raise
+        print(f"regenerate: {line}", file=sys.stderr)
+        return 1
     if summary.regenerated + summary.resumed == 0:
         # Nothing was written, so no file is named; and a run whose every line was bad (or
         # whose input holds none) computed nothing: that is a failure, not rc 0.

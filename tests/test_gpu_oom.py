@@ -114,3 +114,29 @@ def test_the_job_ends_with_the_line_and_rc_1(errors, monkeypatch, caplog, tmp_pa
     assert info.value.code == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.train"]
     assert len(lines) == 1 and lines[0].startswith("out of GPU memory in DrafterWorker.")
+
+
+def test_a_regeneration_out_of_memory_is_one_line_with_its_engine_settings(
+        errors, monkeypatch, tmp_path, capsys):
+    """pipeline.regenerate's own handler: its generators raising what Ray raised."""
+    import json
+
+    from pipeline import regenerate
+    from pipeline.assets.family_targets import ensure_family_target
+
+    drafter_oom, _ = errors
+    src = tmp_path / "prompts.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+
+    def failing(plan):
+        raise drafter_oom
+
+    monkeypatch.setattr(regenerate, "execute", failing)
+    code = regenerate.main(["--input", str(src), "--output", str(tmp_path / "out.jsonl"),
+                            "--target", ensure_family_target("qwen3"), "--static-rows", "2048"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("regenerate: out of GPU memory in DrafterWorker.forward_backward")
+    assert ("Settings that shrink it: --static-rows 2048, --max-new-tokens 256 (the cache's "
+            f"columns); the answers written so far stay in {tmp_path / 'out.jsonl'}; the same "
+            "command goes on from them") in err[0]
