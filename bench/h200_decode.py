@@ -57,38 +57,38 @@ H200 = {
     # Sustained decoding with the varlen step (each row's cache read to its own length) at the
     # rows where it was fastest on 2026-12-04: on request since triton became the default.
     "smol_varlen": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
-                    "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
-                    "--attention varlen", 90),
+                    "--humaneval {humaneval} --sustained-prompts 8192 "
+                    "--sustained-batch {smol_rows} --attention varlen", 90),
     "q8b_static": ("bench.decode_static", "--model qwen3_8b_random --prompts 256 "
                    "--max-new-tokens 256 --batch 256 --runs static,hf --sustained-prompts 1024 "
-                   "--sustained-batch 512 --step-rows 512 "
+                   "--sustained-batch {q8b_rows} --step-rows {q8b_rows} "
                    "--profile {logs}/q8b_step_profile.txt", 200),
     "q8b_eval": ("bench.decode_eval", "--target qwen3_8b_random --prompts 64 "
                  "--max-new-tokens 256 --baseline-prompts 2 --batch-size 64", 180),
     "q8b_varlen": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
-                   "--sustained-prompts 1024 --sustained-batch 512 --attention varlen", 150),
+                   "--sustained-prompts 1024 --sustained-batch {q8b_rows} --attention varlen", 150),
     # The same sustained runs with the decode step compiled (--static-compile; the compile is
     # in the setup): on request until they choose the option's default.
     "smol_compile": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
-                     "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
-                     "--attention varlen --compile-step", 150),
+                     "--humaneval {humaneval} --sustained-prompts 8192 "
+                     "--sustained-batch {smol_rows} --attention varlen --compile-step", 150),
     "q8b_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
-                    "--sustained-prompts 1024 --sustained-batch 512 --attention varlen "
+                    "--sustained-prompts 1024 --sustained-batch {q8b_rows} --attention varlen "
                     "--compile-step", 220),
     # The same sustained runs on the triton step (pipeline/regen/row_kernel.py), plain (by
     # default: regeneration's auto on CUDA) and compiled (on request).
     "smol_triton": ("bench.decode_static", "--model {folder} --runs= --max-new-tokens 256 "
-                    "--humaneval {humaneval} --sustained-prompts 8192 --sustained-batch 4096 "
-                    "--attention triton", 90),
+                    "--humaneval {humaneval} --sustained-prompts 8192 "
+                    "--sustained-batch {smol_rows} --attention triton", 90),
     "q8b_triton": ("bench.decode_static", "--model qwen3_8b_random --runs= --max-new-tokens 256 "
-                   "--sustained-prompts 1024 --sustained-batch 512 --attention triton", 150),
+                   "--sustained-prompts 1024 --sustained-batch {q8b_rows} --attention triton", 150),
     "q8b_triton_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= "
-                           "--max-new-tokens 256 --sustained-prompts 1024 --sustained-batch 512 "
-                           "--attention triton --compile-step", 220),
+                           "--max-new-tokens 256 --sustained-prompts 1024 "
+                           "--sustained-batch {q8b_rows} --attention triton --compile-step", 220),
     # The compiled step with the prefills compiled too (--static-compile-prefill): on request.
     "q8b_compile_prefill": ("bench.decode_static", "--model qwen3_8b_random --runs= "
                             "--max-new-tokens 256 --sustained-prompts 1024 "
-                            "--sustained-batch 512 --attention varlen --compile-step "
+                            "--sustained-batch {q8b_rows} --attention varlen --compile-step "
                             "--compile-prefill", 300),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
@@ -259,6 +259,32 @@ def prepare_target(args, logs: Path) -> tuple[str, str]:
     return gguf_folder(gguf), humaneval
 
 
+# The sustained runs' rows by the card's memory: the H200's 141 GB holds SmolLM2's cache at
+# 4,096 rows and the 8B shape's at 512 for these prompts; an 80 GB H100 does not (2026-12-05:
+# at 4,096 rows 340 of SmolLM2's 8,192 prompts went apart and took half the wall time; at 512
+# rows every 8B prompt did), and runs at 2,048 and 256.
+LARGE_CARD_GB = 100.0
+ROWS = {"large": {"smol_rows": 4096, "q8b_rows": 512},
+        "80 GB": {"smol_rows": 2048, "q8b_rows": 256}}
+
+
+def card_gb() -> float | None:
+    """GPU 0's memory in GB, from nvidia-smi (this process makes no CUDA context: the runs it
+    starts get the whole card); None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=30)
+        return float(out.stdout.split()[0]) * 2**20 / 1e9 if out.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def rows_for(gb: float | None) -> dict:
+    """The sustained runs' rows on a card of ``gb`` GB (unknown: the large card's)."""
+    return dict(ROWS["80 GB" if gb is not None and gb < LARGE_CARD_GB else "large"])
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", choices=("h200", "tiny"), default="h200")
@@ -290,15 +316,18 @@ def main(argv=None) -> dict:
                                               args, logs)
     runs: dict = {}
     state = {"folder": None}
+    gb = card_gb()
+    rows = rows_for(gb)
 
     def write() -> dict:
-        result = {"scale": args.scale, "target_folder": state["folder"], **gather(runs),
+        result = {"scale": args.scale, "target_folder": state["folder"],
+                  "card_gb": gb, "sustained_rows": rows, **gather(runs),
                   "total_wall_s": round(time.perf_counter() - t0, 1), "runs": runs}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         return result
 
     def fields(line: str, timeout: float) -> dict:
-        values = {"logs": logs, "timeout": int(max(timeout - 10, 10))}
+        values = {"logs": logs, "timeout": int(max(timeout - 10, 10)), **rows}
         if "{folder}" in line or "{humaneval}" in line:
             state["folder"], values["humaneval"] = conversion.result()
             values["folder"] = state["folder"]

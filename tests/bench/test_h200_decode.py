@@ -144,3 +144,15 @@ def test_each_sustained_variant_lands_under_its_own_keys():
     assert q8b["regen_sustained_triton_compiled_tokens_per_s"] == 400.0
     assert q8b["regen_sustained_triton_compiled_setup_s"] == 4.0
     assert result["smollm2_135m"]["regen_sustained_triton_tokens_per_s"] is None
+
+
+def test_the_sustained_rows_follow_the_cards_memory():
+    from bench.h200_decode import H200, rows_for
+
+    assert rows_for(85.5) == {"smol_rows": 2048, "q8b_rows": 256}   # an H100 80GB
+    assert rows_for(150.7) == {"smol_rows": 4096, "q8b_rows": 512}  # an H200
+    assert rows_for(None) == rows_for(150.7)
+    # Every run's command takes them (no run keeps a fixed row count of its own).
+    for name, (_, line, _) in H200.items():
+        argv = line.format(folder="F", humaneval="H", logs="L", timeout=1, **rows_for(85.5))
+        assert "--sustained-batch 4096" not in argv and "--sustained-batch 512" not in argv, name
