@@ -18,6 +18,8 @@ sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``,
 ``q8b_triton_compile``, and with the prefills compiled too ``q8b_compile_prefill``) and those
 on the ``varlen`` step (``smol_varlen``, ``q8b_varlen``) run only when named in ``--only``;
 the sustained runs on the ``triton`` step, regeneration's default on CUDA, run by default.
+The sustained runs' rows follow the card (``ROWS``: fewer on an 80 GB card, where the H200's
+rows leave prompts outside the kept cache); the JSON says which (``sustained_rows``).
 The runs share ``--budget-s``: each gets what is left (at most its own cap), and one that
 would start with too little is skipped and said so. The result file,
 written after every run, gathers the figures under the keys of issue 32 and keeps every
