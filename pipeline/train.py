@@ -19,8 +19,8 @@ import hydra
 
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.diskfull import disk_full_headline
-from pipeline.gpu_oom import gpu_oom_headline
 from pipeline.driver.runlock import RunLock
+from pipeline.gpu_oom import gpu_oom_headline
 from pipeline.preflight import PreflightError
 
 if TYPE_CHECKING:
