@@ -116,6 +116,7 @@ def hf_generate(model, prompts, max_new, stops, batch, pad_id, static_cache=Fals
 def _engine_options(args) -> dict:
     """The static engine's options from the command line, timed (setup apart from decoding)."""
     return dict(sync_every=args.sync_every, refill_rows=args.refill_rows,
+                prefill_tokens=args.prefill_tokens,
                 attention=args.attention, timing=True, compile_step=args.compile_step,
                 compile_prefill=args.compile_prefill)
 
@@ -279,6 +280,8 @@ def main(argv=None) -> dict:
     p.add_argument("--random-prompts", default=None, metavar="MIN:MAX")
     p.add_argument("--sync-every", type=int, default=8)
     p.add_argument("--refill-rows", type=int, default=None, help="default: 1/8 of the rows")
+    p.add_argument("--prefill-tokens", type=int, default=16384,
+                   help="padded tokens of one prefill call at most (the engine's default)")
     p.add_argument("--attention", choices=ATTENTIONS, default="sdpa",
                    help="the static engine's decode-step attention")
     p.add_argument("--compile-step", action="store_true",

@@ -81,36 +81,47 @@ def _cycled(prompts: Sequence[Sequence[int]], rows: int) -> list[list[int]]:
 
 def prefill_timing(decoder: StaticDecoder, chosen: list[list[int]], tables: list,
                    profile: Optional[Path], repeats: int = 3) -> dict:
-    """One prefill call of the engine's size (the first prompts of ``chosen`` that fit
-    ``prefill_tokens`` padded tokens) into the rows a fill just gave them: the state it writes
-    is the state already there. ms a call, tokens/s, and (``profile``) the kernels of one.
-    The prefill was 38-40% of a whole regeneration on SmolLM2 and at the 8B shape
-    (2026-12-05), at 54-95 ms a call of 16k tokens on SmolLM2-135M, which its FLOPs do not
-    explain."""
-    device = decoder.device
+    """Prefill calls into the rows a fill just gave their prompts (the state a call writes is
+    the state already there): one of the engine's size (the first prompts of ``chosen`` that
+    fit ``prefill_tokens`` padded tokens) and one of 4x that, each its ms and tokens/s, and
+    (``profile``) the kernels of the first. The prefill was 38-40% of a whole regeneration on
+    SmolLM2 and at the 8B shape (2026-12-05), at 54-95 ms a call of 16k tokens on
+    SmolLM2-135M, which its FLOPs do not explain: a call 4x larger taking far less than 4x the
+    time says the calls are bound by the host (an eager forward's launches), not the GPU."""
+    out = {}
+    with swapped(decoder.model):
+        for budget in (decoder.prefill_tokens, 4 * decoder.prefill_tokens):
+            group, figures = _prefill_call(decoder, chosen, budget, repeats)
+            out[f"{budget}_tokens"] = figures
+            if profile is not None and budget == decoder.prefill_tokens:
+                tables.append(_profiled(lambda: decoder._prefill_group(*group), decoder.device,
+                                        f"one prefill call: {figures['prompts']} prompts, "
+                                        f"width {figures['width']}"))
+                profile.parent.mkdir(parents=True, exist_ok=True)
+                profile.write_text("".join(tables))
+    return out
+
+
+def _prefill_call(decoder: StaticDecoder, chosen: list[list[int]], budget: int,
+                  repeats: int) -> tuple[tuple, dict]:
+    """The group of the first prompts within ``budget`` padded tokens, and its timing."""
     width, k = 0, 0
     while k < len(chosen):
         wider = max(width, len(chosen[k]))
-        if k and wider * (k + 1) > decoder.prefill_tokens:
+        if k and wider * (k + 1) > budget:
             break
         width, k = wider, k + 1
     group = (list(range(k)), chosen[:k], width)
-    with swapped(decoder.model):
-        decoder._prefill_group(*group)  # warm-up
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            decoder._prefill_group(*group)
-        _sync(device)
-        ms = 1e3 * (time.perf_counter() - t0) / repeats
-        if profile is not None:
-            tables.append(_profiled(lambda: decoder._prefill_group(*group), device,
-                                    f"one prefill call: {k} prompts, width {width}"))
-            profile.parent.mkdir(parents=True, exist_ok=True)
-            profile.write_text("".join(tables))
+    decoder._prefill_group(*group)  # warm-up
+    _sync(decoder.device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        decoder._prefill_group(*group)
+    _sync(decoder.device)
+    ms = 1e3 * (time.perf_counter() - t0) / repeats
     real = sum(map(len, chosen[:k]))
-    return {"prompts": k, "width": width, "tokens": real, "ms": ms,
-            "tokens_per_s": real / ms * 1e3}
+    return group, {"prompts": k, "width": width, "tokens": real, "ms": ms,
+                   "tokens_per_s": real / ms * 1e3}
 
 
 def _table(prof, device) -> str:

@@ -18,7 +18,8 @@ def test_bench_runs_and_matches_generate(tmp_path):
     result = decode_static.main(["--model", str(tmp_path / "model"), "--prompts", "6",
                                  "--max-new-tokens", "5", "--batch", "4", "--device", "cpu",
                                  "--dtype", "fp32", "--random-prompts", "2:9",
-                                 "--runs", "static,hf", "--out", str(out)])
+                                 "--runs", "static,hf", "--prefill-tokens", "16",
+                                 "--out", str(out)])  # prefill groups of 1-2 prompts
     assert json.loads(out.read_text()) == result
     runs = result["runs"]
     assert runs["static"]["generated_tokens"] == runs["hf"]["generated_tokens"] == 6 * 5
@@ -40,7 +41,9 @@ def test_a_failing_step_variant_is_reported_and_the_others_stand(tmp_path):
     assert variants["no-such-kernel"]["error"].startswith("KeyError")
     prefill = out["prefill"]["head-major"]  # sdpa and flex share a cache layout
     assert list(out["prefill"]) == ["head-major"]
-    assert prefill["prompts"] == 2 and prefill["tokens"] == 8 and prefill["ms"] > 0
+    assert list(prefill) == ["16384_tokens", "65536_tokens"]
+    for call in prefill.values():  # both prompts fit either budget
+        assert call["prompts"] == 2 and call["tokens"] == 8 and call["ms"] > 0
     for name in ("sdpa", "flex"):
         assert "error" not in variants[name] and variants[name]["uncaptured_ms"] > 0
 
