@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import torch
 
 from pipeline.regen.static_attention import ATTENTIONS, ROW_LENGTHS, swapped
-from pipeline.regen.static_decoder import StaticDecoder, compiled_forward
+from pipeline.regen.static_decoder import StaticDecoder, compiled_forward, prefill_group_end
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,11 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int,
-            attention: str = "sdpa") -> StaticDecoder:
-    """A decoder whose ``rows`` rows all hold a prompt (cycled) and stay live for ``steps``
+def _filled(model, chosen: list[list[int]], steps: int, attention: str = "sdpa"
+            ) -> StaticDecoder:
+    """A decoder whose rows each hold one prompt of ``chosen`` and stay live for ``steps``
     (its cache laid out for ``attention``: token-major for varlen and triton)."""
-    chosen = _cycled(prompts, rows)
+    rows = len(chosen)
     longest = max(map(len, chosen))
     decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
                             prefill_tokens=16384, span_bucket=128, attention=attention)
@@ -73,10 +73,6 @@ def _filled(model, prompts: Sequence[Sequence[int]], rows: int, steps: int,
     with swapped(model):
         decoder._prefill(list(range(rows)), chosen)
     return decoder
-
-
-def _cycled(prompts: Sequence[Sequence[int]], rows: int) -> list[list[int]]:
-    return [list(prompts[i % len(prompts)]) for i in range(rows)]
 
 
 def prefill_timing(decoder: StaticDecoder, chosen: list[list[int]], tables: list,
@@ -104,13 +100,9 @@ def prefill_timing(decoder: StaticDecoder, chosen: list[list[int]], tables: list
 
 def _prefill_call(decoder: StaticDecoder, chosen: list[list[int]], budget: int,
                   repeats: int) -> tuple[tuple, dict]:
-    """The group of the first prompts within ``budget`` padded tokens, and its timing."""
-    width, k = 0, 0
-    while k < len(chosen):
-        wider = max(width, len(chosen[k]))
-        if k and wider * (k + 1) > budget:
-            break
-        width, k = wider, k + 1
+    """The group of the first prompts within ``budget`` padded tokens (as the engine groups
+    them), and its timing."""
+    k, width = prefill_group_end(chosen, 0, budget)
     group = (list(range(k)), chosen[:k], width)
     decoder._prefill_group(*group)  # warm-up
     _sync(decoder.device)
@@ -193,12 +185,12 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     tables = []
     token_major = [a for a in attentions if a.removesuffix(COMPILED) in ROW_LENGTHS]
     layouts = [[a for a in attentions if a not in token_major], token_major]
+    chosen = [list(prompts[i % len(prompts)]) for i in range(rows)]  # every row a prompt
     for group in (g for g in layouts if g):
-        decoder = _filled(model, prompts, rows, len(group) * per_variant,
+        decoder = _filled(model, chosen, len(group) * per_variant,
                           group[0].removesuffix(COMPILED))
         layout = "token-major" if group is token_major else "head-major"
-        out.setdefault("prefill", {})[layout] = prefill_timing(
-            decoder, _cycled(prompts, rows), tables, profile)
+        out.setdefault("prefill", {})[layout] = prefill_timing(decoder, chosen, tables, profile)
         for attention in group:
             out["variants"][attention] = _variant(decoder, model, rows, attention, steps,
                                                   per_variant, tables, profile)

@@ -43,6 +43,19 @@ def aligned_columns(columns: int, multiple: int = 16) -> int:
     return -(-columns // multiple) * multiple
 
 
+def prefill_group_end(prompts: Sequence[Sequence[int]], start: int, budget: int
+                      ) -> tuple[int, int]:
+    """``(end, width)``: ``prompts[start:end]`` is the longest run from ``start`` (one prompt at
+    least) whose padded size, its count times its longest prompt ``width``, fits ``budget``."""
+    width, end = len(prompts[start]), start
+    while end < len(prompts):
+        wider = max(width, len(prompts[end]))
+        if end > start and wider * (end - start + 1) > budget:
+            break
+        width, end = wider, end + 1
+    return end, width
+
+
 def compiled_forward(body):
     """``body``'s forward through ``torch.compile``, for the decode step only.
 
@@ -198,12 +211,7 @@ class StaticDecoder:
         """Prefill ``prompts`` into ``rows`` in groups of at most ``prefill_tokens`` padded tokens."""
         start = 0
         while start < len(prompts):
-            width, end = len(prompts[start]), start
-            while end < len(prompts):
-                width_next = max(width, len(prompts[end]))
-                if end > start and width_next * (end - start + 1) > self.prefill_tokens:
-                    break
-                width, end = width_next, end + 1
+            end, width = prefill_group_end(prompts, start, self.prefill_tokens)
             group = (rows[start:end], prompts[start:end], width)
             self._timed("prefill_s", lambda: self._prefill_group(*group))
             self.stats["prefill_calls"] = self.stats.get("prefill_calls", 0) + 1
