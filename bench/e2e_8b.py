@@ -7,8 +7,9 @@ SIGKILLed drafter, recovery, export.
 It builds a random-weight target with Qwen3-8B's architecture (save_pretrained, loaded back by
 the real code), writes ~800-token chats, then runs ``python -m pipeline.train --config-name
 qwen3_8b cluster=one_gpu`` for ``--steps`` steps with a checkpoint and a tau evaluation every
-``--every`` steps (the evaluation only where the GPU holds it beside the job: ``--eval``). Once ``--kill-at`` steps are done it SIGKILLs the drafter's process (found
-by Ray's process title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
+``--every`` steps (the evaluation only where the GPU holds it beside the job: ``--eval``).
+Once ``--kill-at`` steps are done it SIGKILLs the drafter's process (found by Ray's process
+title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
 
 * ``start_to_first_step_s``: from the launch of the CLI to the first logged step;
 * ``checkpoint_stall_s``: the longest a save held the step loop (the driver's log), and
@@ -56,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench.card import LARGE_CARD_GB, card_gb
 from bench.run_log import last_line
 from bench.scale.synthetic import build_target, write_chats
 
@@ -105,7 +107,7 @@ def _command(args, target: Path, data: Path, run_dir: Path) -> list[str]:
             f"drafter.num_anchors={args.anchors}", "train.plan.epochs=1",
             f"train.plan.max_steps={args.steps}", f"train.checkpoint.every={args.every}",
             "train.checkpoint.resume=null", "train.checkpoint.keep_last=2",
-            f"train.eval.every={args.every if eval_on(args.eval) else -1}",
+            f"train.eval.every={args.every if args.eval == 'on' else -1}",
             f"train.eval.prompts={args.eval_prompts}",
             "train.eval.max_new_tokens=64", "train.log_every=10", f"train.out_dir={run_dir}",
             *args.set]
@@ -244,27 +246,16 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
     }
 
 
-# Below this much GPU memory the tau evaluator does not fit beside target and drafter at this
-# recipe: on an 80 GB H100 (2026-12-05) the target held 15.3 GiB, the drafter 36.0 and the
-# evaluator 26.3 after its first evaluation, and the drafter's first step ran out.
-EVAL_MIN_GB = 100.0
-
-
 def eval_on(choice: str, gpu_gb: Optional[float] = None) -> bool:
-    """``--eval``: on, off, or auto (on where the GPU has at least EVAL_MIN_GB)."""
+    """``--eval``: on, off, or auto: on where the GPU (``gpu_gb``, else read) is a large card.
+    Below it the tau evaluator does not fit beside target and drafter at this recipe: on an
+    80 GB H100 (2026-12-05) the target held 15.3 GiB, the drafter 36.0 and the evaluator 26.3
+    after its first evaluation, and the drafter's first step ran out."""
     if choice != "auto":
         return choice == "on"
     if gpu_gb is None:
-        gpu_gb = _gpu_gb()
-    return gpu_gb is None or gpu_gb >= EVAL_MIN_GB
-
-
-def _gpu_gb() -> Optional[float]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(0).total_memory / 1e9
+        gpu_gb = card_gb()
+    return gpu_gb is None or gpu_gb >= LARGE_CARD_GB
 
 
 def main(argv=None) -> dict:
@@ -280,7 +271,7 @@ def main(argv=None) -> dict:
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--eval", choices=("auto", "on", "off"), default="auto",
                    help=f"tau evaluations every --every steps; auto: on where the GPU has at "
-                        f"least {EVAL_MIN_GB:.0f} GB (not beside an 80 GB card's job)")
+                        f"least {LARGE_CARD_GB:.0f} GB (not beside an 80 GB card's job)")
     p.add_argument("--loss-rtol", type=float, default=1e-3)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override added to both jobs' commands (repeatable), e.g. "

@@ -38,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.card import LARGE_CARD_GB, card_gb
 from bench.run_log import last_line
 
 log = logging.getLogger(__name__)
@@ -272,21 +273,8 @@ def prepare_target(args, logs: Path) -> tuple[str, str]:
 # 4,096 rows and the 8B shape's at 512 for these prompts; an 80 GB H100 does not (2026-12-05:
 # at 4,096 rows 340 of SmolLM2's 8,192 prompts went apart and took half the wall time; at 512
 # rows every 8B prompt did), and runs at 2,048 and 256.
-LARGE_CARD_GB = 100.0
 ROWS = {"large": {"smol_rows": 4096, "q8b_rows": 512},
         "80 GB": {"smol_rows": 2048, "q8b_rows": 256}}
-
-
-def card_gb() -> float | None:
-    """GPU 0's memory in GB, from nvidia-smi (this process makes no CUDA context: the runs it
-    starts get the whole card); None without one."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=30)
-        return float(out.stdout.split()[0]) * 2**20 / 1e9 if out.returncode == 0 else None
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
 
 
 def rows_for(gb: float | None) -> dict:
