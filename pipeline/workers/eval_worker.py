@@ -118,14 +118,6 @@ class EvalWorker:
         gc.collect()  # a graph or cache still referenced from a cycle keeps its blocks
         torch.cuda.empty_cache()
 
-    def memory_held(self) -> dict:
-        """What this process holds on its device now, in bytes: ``allocated`` (live tensors)
-        and ``reserved`` (the allocator's, cached blocks included); zeros off CUDA."""
-        if self.device.type != "cuda":
-            return {"allocated": 0, "reserved": 0}
-        return {"allocated": torch.cuda.memory_allocated(self.device),
-                "reserved": torch.cuda.memory_reserved(self.device)}
-
     def _evaluate(self, weights: Weights | WeightsSnapshot) -> float:
         # The weights first: a snapshot is read while the drafter that wrote it surely lives
         # (the target's first load takes a while).

@@ -35,13 +35,13 @@ def test_the_evaluator_gives_back_what_an_evaluation_took(tiny_assets, tmp_path,
     for step in (1, 2):  # the second evaluation allocates again what the first gave back
         result = worker.evaluate(weights, step=step)
         assert result.error is None and result.tau >= 1.0
-        held = worker.memory_held()
         if not on_cuda:
-            assert held == {"allocated": 0, "reserved": 0}
             continue
-        took = torch.cuda.max_memory_allocated() - held["allocated"]
+        # The worker runs in this process: torch's counters are its own.
+        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        took = torch.cuda.max_memory_allocated() - allocated
         assert took > 100 * 2**20, f"the evaluation took only {took / 2**20:.0f} MiB"
-        slack = held["reserved"] - held["allocated"]
+        slack = reserved - allocated
         assert slack < took / 4, (f"{slack / 2**20:.0f} MiB cached after an evaluation that "
                                   f"took {took / 2**20:.0f} MiB")
         torch.cuda.reset_peak_memory_stats()
