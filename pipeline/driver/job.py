@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -112,10 +113,17 @@ class Driver:
                 self.r = resolve_job(self.job, device=device)
             check_target_memory(self.job, self.r, device, live_nodes())
             ckpt.clean_stale(self.out_dir)
-            # The evaluator is launched first and built while the training actors start.
-            with TauEvaluator(self.job, self.r, self._prompts, self.eval_worker) as evaluator, \
-                    ActorGroup(self.job, self.r, self.data.train, self.resume,
-                               self.resume_from) as actors:
+            with contextlib.ExitStack() as stack:
+                # The evaluator is launched first and built while the training actors start,
+                # and closed first too: it maps drafter rank 0's weights ring, and on CPU its
+                # unmapping talks to the ring owner's torch_shm_manager, which dies with the
+                # drafter. Closed after the drafters, it aborted ("Broken pipe"; Ray's
+                # worker-died notice in 1 of 3 demo runs, 2026-12-05).
+                evaluator = stack.enter_context(
+                    TauEvaluator(self.job, self.r, self._prompts, self.eval_worker))
+                actors = stack.enter_context(ActorGroup(self.job, self.r, self.data.train,
+                                                        self.resume, self.resume_from))
+                stack.push(evaluator)  # its exit before the actors'; the later one is a no-op
                 evaluator.wait_ready()
                 self.actors = actors
                 self.evaluator = evaluator

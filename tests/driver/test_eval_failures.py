@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -172,3 +173,42 @@ def test_every_evaluation_failing_exits_1_after_training_and_export(ray_session,
     summary_row = rows[-1]["summary"]
     assert (summary_row["eval/evaluations"], summary_row["eval/failures"]) == (3, 3)
     assert LOAD_ERROR in summary_row["eval/first_error"]
+
+
+# -- the evaluator closes before the drafters ------------------------------------------------
+
+class ManagerWatchingEvalWorker(EvalWorker):
+    """Notes, as it closes, whether the shm manager of each ring it maps (drafter rank 0's
+    weights ring, CPU shared memory) listens throughout a short watch: unmapping talks to it,
+    and a manager gone with its drafter aborted the evaluator ("Broken pipe") in a demo run.
+    The watch gives drafters that close meanwhile (the order before the fix) time to be gone;
+    closed in order, they wait for this close and their managers live through it."""
+
+    log_path: str = ""
+    watch_s: float = 3.0
+
+    def close(self) -> None:
+        from pipeline.transport.shared import _unix_sockets
+
+        sockets = [handle.payload.args[0].decode()
+                   for handle, _ in self.reader._rings.values()]
+        listening = {s: True for s in sockets}
+        end = time.monotonic() + self.watch_s
+        while all(listening.values()) and time.monotonic() < end:
+            bound = {path for _, path in _unix_sockets()}
+            listening = {s: s in bound for s in sockets}
+            time.sleep(0.1)
+        Path(self.log_path).write_text(json.dumps(listening))
+        super().close()
+
+
+def test_the_evaluator_lets_go_of_the_weights_ring_before_the_drafters_close(
+        ray_session, small_train_file, tmp_path):
+    out = tmp_path / "run"
+    ManagerWatchingEvalWorker.log_path = str(tmp_path / "managers.json")
+    driver = _driver(ManagerWatchingEvalWorker, small_train_file, out, steps=2, every=1)
+    summary = driver.run()
+    assert summary.evals.done == 3 and not summary.evals.failed
+    managers = json.loads((tmp_path / "managers.json").read_text())
+    assert len(managers) == 1, managers  # the weights ring was mapped
+    assert all(managers.values()), managers
