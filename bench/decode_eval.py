@@ -54,7 +54,7 @@ def _target(name: str, device: str, dtype: torch.dtype):
 
     if name == RANDOM_8B:
         model = random_qwen3(device, dtype)
-        head = TargetHead(model.get_input_embeddings().weight, model.lm_head.weight)
+        head = TargetHead.of_model(model)
         return model, model.config.to_dict(), head, None
     if name.startswith("builtin:tiny-"):
         from pipeline.assets.family_targets import ensure_family_target
@@ -116,7 +116,8 @@ def run(args) -> dict:
     drafter = _drafter(args.drafter, args.target, config, args.drafter_layers, args.block_size,
                        args.device)
     drafter = drafter.to(args.device).eval()
-    proposer = RowDrafter(DrafterProposer(drafter, head.to(args.device, drafter.fc.weight.dtype)))
+    # As the evaluator: the target's own head, scored in slices cast to the drafter's dtype.
+    proposer = RowDrafter(DrafterProposer(drafter, head.to(args.device)))
     prompts = _prompts(args, config, folder)
     k = min(args.baseline_prompts or len(prompts), len(prompts))
     taps, eos = drafter.spec.target_layer_ids, None

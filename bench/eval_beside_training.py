@@ -95,7 +95,7 @@ def _trainer(args, shape: dict):
     options = DrafterConfig(attention=args.drafter_attention, compile=args.drafter_compile,
                             static_shapes=True, **shape["drafter"])
     spec = build_drafter_spec(config, options)
-    head = TargetHead(model.get_input_embeddings().weight, model.lm_head.weight)
+    head = TargetHead.of_model(model)
     del decoder_layers(model)[max(spec.target_layer_ids) + 1:]  # as load_target cuts it
     model.get_decoder().norm = nn.Identity()
     model.lm_head = nn.Identity()
@@ -170,8 +170,7 @@ def run_evaluator(args) -> None:
     torch.manual_seed(1)
     with torch.device(dev):
         drafter = DFlashDrafter(spec).eval()
-    head = TargetHead(target.get_input_embeddings().weight, target.lm_head.weight)
-    proposer = RowDrafter(DrafterProposer(drafter, head.to(dev, torch.float32)))
+    proposer = RowDrafter(DrafterProposer(drafter, TargetHead.of_model(target)))
     rng = random.Random(0)
     vocab = config["vocab_size"]
     prompts = [[rng.randrange(4, vocab - 1) for _ in range(rng.randint(64, 128))]

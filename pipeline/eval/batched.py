@@ -84,8 +84,7 @@ def draft_rows(proposer: DrafterProposer, features: torch.Tensor, lengths: torch
     mask = seen[:, None, None, :].expand(rows, 1, b, span + b)
     embeds = embed_tokens(head.embed, ids, drafter.fc.weight.dtype, head.embed_scale)
     hidden = drafter(features, embeds, ctx_pos, block_pos, mask)
-    logits = hidden[:, 1:] @ head.lm_head.to(hidden.dtype).t()
-    return logits.float().argmax(-1)
+    return head.argmax(hidden[:, 1:])
 
 
 class _Rows:

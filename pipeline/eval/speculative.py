@@ -42,9 +42,10 @@ class DrafterProposer:
         self.mask_token_id = drafter.spec.mask_token_id
 
     @torch.no_grad()
-    def block_logits(self, features: torch.Tensor, anchor_token: int,
+    def block_hidden(self, features: torch.Tensor, anchor_token: int,
                      anchor_pos: int) -> torch.Tensor:
-        """Logits [B-1, V] for block positions 1..B-1 of the block anchored at ``anchor_pos``."""
+        """The drafter's output [B-1, H] at block positions 1..B-1 of the block anchored at
+        ``anchor_pos`` (what the target's head scores)."""
         dev = features.device
         ids = torch.full((1, self.block_size), self.mask_token_id, device=dev)
         ids[0, 0] = anchor_token
@@ -52,12 +53,11 @@ class DrafterProposer:
         ctx_pos = torch.arange(features.shape[1], device=dev)[None]
         embeds = embed_tokens(self.head.embed, ids, self.drafter.fc.weight.dtype,
                               self.head.embed_scale)
-        hidden = self.drafter(features, embeds, ctx_pos, block_pos, None)
-        return (hidden[0, 1:] @ self.head.lm_head.to(hidden.dtype).t()).float()
+        return self.drafter(features, embeds, ctx_pos, block_pos, None)[0, 1:]
 
     def propose(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         a = tokens.numel() - 1
-        return self.block_logits(features[:, :a], int(tokens[-1]), a).argmax(-1)
+        return self.head.argmax(self.block_hidden(features[:, :a], int(tokens[-1]), a))
 
 
 @dataclass

@@ -76,7 +76,9 @@ def evaluate_tau(target: nn.Module, drafter: DFlashDrafter, head: TargetHead,
     was_training = drafter.training
     drafter.eval()
     dev = next(drafter.parameters()).device
-    proposer = RowDrafter(DrafterProposer(drafter, head.to(dev, next(drafter.parameters()).dtype)))
+    # The head in its own dtype (TargetHead.argmax casts slices of it): a target's head shared
+    # by the evaluator stays where and as it is, uncopied.
+    proposer = RowDrafter(DrafterProposer(drafter, head.to(dev)))
     try:
         with evaluator_stream(dev, decode):
             results = decode_many(target, proposer, prompts, drafter.spec.target_layer_ids,

@@ -113,6 +113,42 @@ class TargetHead:
         return TargetHead(self.embed.to(device, dtype), self.lm_head.to(device, dtype),
                           self.embed_scale)
 
+    @classmethod
+    def of_model(cls, model: nn.Module, embed_scale: float = 1.0) -> "TargetHead":
+        """The head of a loaded causal LM: its own weight tensors, shared, not copied."""
+        return cls(model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+                   embed_scale)
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's greedy token for each row of ``hidden [..., H]``, scored in ``hidden``'s
+        dtype.
+
+        Where the head is kept in another dtype (a bf16 target's head scoring an fp32
+        drafter's output) its rows are cast a slice of the vocabulary at a time, never
+        whole: at Qwen3-8B's vocabulary an fp32 copy of the head is 2.5 GB, which an
+        evaluator beside training on one card cannot spare. Casting bf16 to fp32 is exact, so
+        the scores are those of the whole head cast at once; ties go to the lowest id, as
+        ``argmax`` breaks them."""
+        head = self.lm_head
+        if head.dtype == hidden.dtype:
+            return (hidden @ head.t()).argmax(-1)
+        rows = max(1, _CAST_BYTES // (head.shape[1] * hidden.element_size()))
+        best = index = None
+        for start in range(0, head.shape[0], rows):
+            score, found = (hidden @ head[start:start + rows].to(hidden.dtype).t()).max(-1)
+            if best is None:
+                best, index = score, found
+                continue
+            better = score > best  # strictly: an equal score keeps the lower id
+            best = torch.where(better, score, best)
+            index = torch.where(better, found + start, index)
+        return index
+
+
+# The most bytes of the head cast at once in TargetHead.argmax (about 16k rows of Qwen3-8B's
+# head in fp32).
+_CAST_BYTES = 256 << 20
+
 
 def weight_files(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"

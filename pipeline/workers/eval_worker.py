@@ -29,7 +29,8 @@ from pipeline.eval.config import DecodeOptions, EvalConfig
 from pipeline.eval.tau import evaluate_tau, load_full_target
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
-from pipeline.model.target import load_target_head
+from pipeline.model.families import embed_scale
+from pipeline.model.target import TargetHead
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device
@@ -74,7 +75,6 @@ class EvalWorker:
         self.decode = decode or EvalConfig().decode_options()
         self.decode.graphs_on(self.device.type)  # refuse graphs=on without CUDA now, not later
         self.drafter: Optional[DFlashDrafter] = DFlashDrafter.for_loading(spec, self.device)
-        self.head = load_target_head(target_path)
         self._target: Optional[torch.nn.Module] = None
         # Drafter rank 0's weights snapshot ring, opened at the first snapshot (weights.py).
         self.reader = RingReader(self.device, node_id=current_node_id())
@@ -126,7 +126,10 @@ class EvalWorker:
         if self._target is None:
             self._target = load_full_target(self.target_path, self.device.type,
                                             self.target_dtype)
-        return evaluate_tau(self._target, self.drafter, self.head, self.prompts,
+        # The target's own embedding and head, shared: a copy per evaluation cost 5 GB of
+        # device memory at the Qwen3-8B shape (both in fp32), on a card the evaluator shares.
+        head = TargetHead.of_model(self._target, embed_scale(self._target.config.to_dict()))
+        return evaluate_tau(self._target, self.drafter, head, self.prompts,
                             self.max_new_tokens, self.eos_token_id, self.decode)
 
     def _load(self, weights: Weights | WeightsSnapshot) -> None:

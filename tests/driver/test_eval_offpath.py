@@ -71,6 +71,33 @@ def test_evaluator_matches_drafter_rank0_evaluation(tiny_assets, tmp_path):
     assert not worker.holds_target() and worker.drafter is None
 
 
+def test_evaluator_scores_with_the_targets_own_head_as_with_a_full_copy(tiny_assets, tmp_path):
+    # A bf16 target beside an fp32 drafter: the evaluator scores the drafter's output with the
+    # target's own bf16 head (TargetHead.argmax casts it a slice at a time), where it used to
+    # take an fp32 copy of the head (5 GB at the 8B shape) every evaluation; tau is the same.
+    from transformers import AutoTokenizer
+
+    from pipeline.eval.tau import evaluate_tau, heldout_prompts, load_full_target
+    from pipeline.model.drafter import DFlashDrafter
+    from pipeline.model.target import load_target_head
+
+    job = compose_job(["cluster.device=cpu", f"train.out_dir={tmp_path}"])
+    r = resolve_job(job)
+    tok = AutoTokenizer.from_pretrained(r.target_path)
+    prompts = heldout_prompts(r.heldout_path, tok, 3, enable_thinking=job.data.enable_thinking)
+    torch.manual_seed(4)
+    drafter = DFlashDrafter(r.spec)
+    target = load_full_target(r.target_path, "cpu", torch.bfloat16)
+    copy = load_target_head(r.target_path).to("cpu", torch.float32)
+    old = evaluate_tau(target, drafter, copy, prompts, 12, r.eos_token_id)
+    worker = EvalWorker(spec=r.spec, target_path=r.target_path, device="cpu",
+                        target_dtype=torch.bfloat16, prompts=prompts, max_new_tokens=12,
+                        eos_token_id=r.eos_token_id)
+    result = worker.evaluate(drafter.state_dict(), step=1)
+    assert result.error is None and result.tau == old
+    worker.close()
+
+
 # -- 2. the step loop does not wait for it -------------------------------------------------
 
 class Prefetcher:

@@ -1,7 +1,8 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.model.target import load_target, load_target_head
+import pipeline.model.target as target_module
+from pipeline.model.target import TargetHead, load_target, load_target_head
 
 
 def test_tap_features_equal_full_forward_hidden_states(random_target_dir):
@@ -39,3 +40,34 @@ def test_head_loaded_without_the_model(random_target_dir):
     full = AutoModelForCausalLM.from_pretrained(random_target_dir)
     torch.testing.assert_close(head.embed, full.get_input_embeddings().weight.detach())
     torch.testing.assert_close(head.lm_head, full.lm_head.weight.detach())
+
+
+def test_head_of_a_loaded_model_shares_its_weights(random_target_dir):
+    full = AutoModelForCausalLM.from_pretrained(random_target_dir)
+    head = TargetHead.of_model(full, embed_scale=2.0)
+    assert head.embed.data_ptr() == full.get_input_embeddings().weight.data_ptr()
+    assert head.lm_head.data_ptr() == full.lm_head.weight.data_ptr()
+    assert head.embed_scale == 2.0
+    assert head.to("cpu").lm_head.data_ptr() == head.lm_head.data_ptr()  # no copy on its device
+
+
+def test_head_argmax_casts_the_head_slice_by_slice_and_ties_keep_the_lowest_id(monkeypatch):
+    # Small integers: every score is exact in bf16 weights and fp32 sums, on any machine.
+    g = torch.Generator().manual_seed(0)
+    vocab, width = 50, 8
+    lm_head = torch.randint(-3, 4, (vocab, width), generator=g).to(torch.bfloat16)
+    hidden = torch.randint(-3, 4, (2, 3, width), generator=g).float()
+    lm_head[41] = 40  # the best score of row (0, 0), tied by 47 (a later slice) ...
+    lm_head[47] = 40
+    hidden[0, 0] = 1
+    lm_head[12] = lm_head[44]  # ... and everywhere 12 ties with 44
+    expected = (hidden @ lm_head.float().t()).argmax(-1)
+    head = TargetHead(embed=lm_head, lm_head=lm_head)
+    for rows in (50, 13, 7, 1):  # one slice, slices of 13 (the last shorter), ...
+        monkeypatch.setattr(target_module, "_CAST_BYTES", rows * width * 4)
+        got = head.argmax(hidden)
+        assert torch.equal(got, expected), rows
+    assert int(got[0, 0]) == 41
+    # In the head's own dtype nothing is cast: the plain product.
+    same = TargetHead(embed=lm_head, lm_head=lm_head.float())
+    assert torch.equal(same.argmax(hidden), expected)

@@ -83,7 +83,8 @@ def test_train_forward_equals_inference_forward(batch):
         train = block_logits(drafter, head, features, ids, anchors)
         for r, row in enumerate(rows):
             for j, a in enumerate(row):
-                infer = proposer.block_logits(features[r:r + 1, :a], int(ids[r, a]), a)
+                infer = proposer.block_hidden(features[r:r + 1, :a], int(ids[r, a]), a)
+                infer = infer @ head.lm_head.t()
                 torch.testing.assert_close(train[r, j * B + 1:(j + 1) * B], infer,
                                            rtol=1e-4, atol=1e-4)
 
