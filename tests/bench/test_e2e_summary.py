@@ -116,7 +116,7 @@ def test_a_killed_process_is_gone_once_its_memory_is_freed():
 def test_the_evaluator_runs_only_where_the_gpu_holds_it_beside_the_job(tmp_path):
     import argparse
 
-    from bench.e2e_8b import _command, eval_on
+    from bench.e2e_8b import _command, eval_on, relaunch_args
 
     assert eval_on("auto", 85.0) is False  # an H100's 80 GB (as torch counts it, 85e9 bytes)
     assert eval_on("auto", 150.1) is True  # an H200
@@ -128,3 +128,7 @@ def test_the_evaluator_runs_only_where_the_gpu_holds_it_beside_the_job(tmp_path)
     assert "train.eval.every=100" in _command(argparse.Namespace(**{**vars(args), "eval": "on"}),
                                               tmp_path / "t", tmp_path / "d.jsonl",
                                               tmp_path / "run")
+    # The warm relaunch times its start only: no evaluation, whatever the first job had.
+    on = argparse.Namespace(**{**vars(args), "eval": "on", "relaunch_steps": 3})
+    short = _command(relaunch_args(on), tmp_path / "t", tmp_path / "d.jsonl", tmp_path / "warm")
+    assert "train.eval.every=-1" in short and "train.plan.max_steps=3" in short
