@@ -4,10 +4,11 @@
         --humaneval /path/HumanEval.jsonl.gz --out docs/bench/h200_decode.json --logs DIR
     python -m bench.h200_decode --scale tiny --out /tmp/decode.json --logs /tmp/decode_logs  # CPU
 
-On a device whose calls end at 600 s, the same runs in two calls, one JSON (``--part``):
+On a device whose calls end at 600 s, the same runs in two calls adding to one JSON
+(``--part``, in either order; a new ``--out`` path for a new measurement):
 
-    python -m bench.h200_decode --part 1 --gguf ... --humaneval ... --out D.json --logs DIR
     python -m bench.h200_decode --part 2 --gguf ... --humaneval ... --out D.json --logs DIR
+    python -m bench.h200_decode --part 1 --gguf ... --humaneval ... --out D.json --logs DIR
 
 Runs, each in its own process (so one's memory and compiled graphs do not touch the next), in
 this order: regeneration by the static-cache engine against plain ``generate`` on the same
@@ -144,13 +145,16 @@ BACKGROUND = ("cpu_eval_equal",)
 MIN_START_S = 20  # a run is not started with less of the budget left than this
 # The default runs in two device calls of at most 600 s each (``--part``): the whole set takes
 # some 900 s on an H200 (2026-12-05: with a 500 s budget the 8B runs and the triton runs were
-# cut or skipped). Part 1 writes --out afresh, part 2 adds its runs to it: one JSON.
-PARTS = {"1": ("smol_triton", "smol_static", "smol_eval", "q8b_triton", "cpu_eval_equal"),
+# cut or skipped). Each part adds its runs to --out: one JSON, the parts in either order
+# (part 2 needs no GGUF, so it can run while the file is still being carried over).
+PARTS = {"1": ("smol_triton", "smol_static", "smol_eval", "q8b_triton", "smol_triton_prefill64k",
+               "cpu_eval_equal"),
          "2": ("q8b_static", "q8b_eval", "q8b_beside")}
 # Run only when named in --only: continuous batching (measured on 2026-12-03, docs/BENCHMARKS.md,
 # and slow: 90 s), the compiled steps and prefills (a compile of up to a minute each), and the
 # varlen step (auto's pick until the triton step measured faster on an H100, 2026-12-05), and
-# the prefill calls 4x larger (until the prefill's figures say whether the host bounds them).
+# the prefill calls 4x larger (until the prefill's figures say whether the host bounds them;
+# on the H200 on 2026-12-05 they did, so ``--part 1`` runs it, last).
 ON_REQUEST = ("smol_cb", "smol_triton_prefill64k", "smol_compile", "q8b_compile", "smol_varlen",
               "q8b_varlen", "q8b_triton_compile", "q8b_compile_prefill")
 
@@ -296,16 +300,19 @@ def rows_for(gb: float | None) -> dict:
 
 
 def earlier_runs(out: str, scale: str) -> dict:
-    """The runs an earlier part wrote to ``out``; refused in one line where there is none."""
+    """The runs another part wrote to ``out`` (none where it does not exist yet), said in one
+    line: parts run in either order, each in its own device call, and add to one file."""
     path = Path(out)
     if not path.exists():
-        raise SystemExit(f"bench.h200_decode: --part 2 adds to --out {out}, which does not "
-                         "exist: run --part 1 first, on the same machine")
+        log.info("%s does not exist yet: this part starts it", out)
+        return {}
     found = json.loads(path.read_text())
     if found.get("scale") != scale:
         raise SystemExit(f"bench.h200_decode: --out {out} holds scale {found.get('scale')!r}, "
                          f"not {scale!r}")
-    return dict(found.get("runs") or {})
+    runs = dict(found.get("runs") or {})
+    log.info("adding to %s, which holds the runs %s", out, ", ".join(runs) or "(none)")
+    return runs
 
 
 def main(argv=None) -> dict:
@@ -316,7 +323,8 @@ def main(argv=None) -> dict:
     p.add_argument("--only", default=None, help="comma-separated subset of the runs (default: "
                    f"all but {', '.join(ON_REQUEST)})")
     p.add_argument("--part", choices=sorted(PARTS), default=None,
-                   help="the default runs in two calls: 1 writes --out, 2 adds to it "
+                   help="the default runs in two calls, in either order, each adding its runs "
+                        "to --out (give a new path for a new measurement): "
                         + "; ".join(f"{k}: {', '.join(v)}" for k, v in PARTS.items()))
     p.add_argument("--out", required=True, help="the result JSON")
     p.add_argument("--logs", required=True, help="folder for each run's log and JSON")
@@ -341,8 +349,8 @@ def main(argv=None) -> dict:
     unknown = [name for name in wanted if name not in plan]
     if unknown:
         raise SystemExit(f"bench.h200_decode: --only {','.join(unknown)}: allowed {', '.join(plan)}")
-    # Part 2 onwards: the runs of the parts before, from --out, gathered with this call's.
-    runs: dict = earlier_runs(args.out, args.scale) if args.part not in (None, "1") else {}
+    # A part adds its runs to those other parts left in --out (its own replace theirs).
+    runs: dict = earlier_runs(args.out, args.scale) if args.part else {}
     if args.scale == "h200" and (not args.gguf or not args.humaneval):
         raise SystemExit("bench.h200_decode: --gguf and --humaneval are needed at --scale h200")
     # The GGUF conversion (a minute of CPU) runs beside the runs that do not need it.

@@ -161,25 +161,27 @@ def test_the_sustained_rows_follow_the_cards_memory():
         assert "--sustained-batch 4096" not in argv and "--sustained-batch 512" not in argv, name
 
 
-def test_part_two_adds_its_runs_to_part_ones_file(tmp_path, monkeypatch):
-    """The default runs outlast one device call: part 1 writes the JSON, part 2 adds to it."""
+def test_each_part_adds_its_runs_to_one_file(tmp_path, monkeypatch):
+    """The default runs outlast one device call: each part adds its runs to --out."""
     monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
     out, logs = tmp_path / "decode.json", ["--logs", str(tmp_path / "logs")]
     monkeypatch.setattr(h200_decode, "PARTS", {"1": ("cpu_eval_equal",), "2": ("smol_static",)})
-    with pytest.raises(SystemExit, match="run --part 1 first"):
-        h200_decode.main(["--scale", "tiny", "--part", "2", "--out", str(out), *logs])
     with pytest.raises(SystemExit, match="--part and --only"):
         h200_decode.main(["--scale", "tiny", "--part", "1", "--only", "smol_static",
                           "--out", str(out), *logs])
-    part_one = {"cpu_eval_equal": {"outputs_agree_share": 1.0, "tau_difference": 0.0}}
-    out.write_text(json.dumps({"scale": "h200", "runs": part_one}))
+    with pytest.raises(SystemExit):  # the first part starts the file; its run finds no budget
+        h200_decode.main(["--scale", "tiny", "--part", "2", "--budget-s", "1",
+                          "--out", str(out), *logs])
+    assert set(json.loads(out.read_text())["runs"]) == {"smol_static"}
+    other = {"cpu_eval_equal": {"outputs_agree_share": 1.0, "tau_difference": 0.0}}
+    out.write_text(json.dumps({"scale": "h200", "runs": other}))
     with pytest.raises(SystemExit, match="holds scale 'h200', not 'tiny'"):
         h200_decode.main(["--scale", "tiny", "--part", "2", "--out", str(out), *logs])
-    out.write_text(json.dumps({"scale": "tiny", "runs": part_one}))
+    out.write_text(json.dumps({"scale": "tiny", "runs": other}))
     with pytest.raises(SystemExit):  # its one run finds the budget spent, and says so
         h200_decode.main(["--scale", "tiny", "--part", "2", "--budget-s", "1",
                           "--out", str(out), *logs])
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {"cpu_eval_equal", "smol_static"}
-    assert result["eval_tau_equal"] is True  # part 1's figure, gathered again
+    assert result["eval_tau_equal"] is True  # the other part's figure, gathered again
     assert "budget left" in result["runs"]["smol_static"]["skipped"]
