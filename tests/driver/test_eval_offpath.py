@@ -71,7 +71,8 @@ def test_evaluator_matches_drafter_rank0_evaluation(tiny_assets, tmp_path):
     assert not worker.holds_target() and worker.drafter is None
 
 
-def test_evaluator_scores_with_the_targets_own_head_as_with_a_full_copy(tiny_assets, tmp_path):
+def test_evaluator_scores_with_the_targets_own_head_as_with_a_full_copy(tiny_assets, tmp_path,
+                                                                         monkeypatch):
     # A bf16 target beside an fp32 drafter: the evaluator scores the drafter's output with the
     # target's own bf16 head (TargetHead.argmax casts it a slice at a time), where it used to
     # take an fp32 copy of the head (5 GB at the 8B shape) every evaluation; tau is the same.
@@ -80,6 +81,7 @@ def test_evaluator_scores_with_the_targets_own_head_as_with_a_full_copy(tiny_ass
     from pipeline.eval.tau import evaluate_tau, heldout_prompts, load_full_target
     from pipeline.model.drafter import DFlashDrafter
     from pipeline.model.target import load_target_head
+    from pipeline.workers import eval_worker
 
     job = compose_job(["cluster.device=cpu", f"train.out_dir={tmp_path}"])
     r = resolve_job(job)
@@ -93,8 +95,20 @@ def test_evaluator_scores_with_the_targets_own_head_as_with_a_full_copy(tiny_ass
     worker = EvalWorker(spec=r.spec, target_path=r.target_path, device="cpu",
                         target_dtype=torch.bfloat16, prompts=prompts, max_new_tokens=12,
                         eos_token_id=r.eos_token_id)
+    heads = []
+
+    def spy(target, drafter, head, *args):  # the real evaluation, its head kept for a look
+        heads.append(head)
+        return evaluate_tau(target, drafter, head, *args)
+
+    monkeypatch.setattr(eval_worker, "evaluate_tau", spy)
     result = worker.evaluate(drafter.state_dict(), step=1)
     assert result.error is None and result.tau == old
+    # The target's own tensors, in its dtype: nothing copied.
+    (head,) = heads
+    assert head.lm_head.data_ptr() == worker._target.get_output_embeddings().weight.data_ptr()
+    assert head.embed.data_ptr() == worker._target.get_input_embeddings().weight.data_ptr()
+    assert head.lm_head.dtype == torch.bfloat16
     worker.close()
 
 
