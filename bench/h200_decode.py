@@ -353,10 +353,20 @@ def main(argv=None) -> dict:
     runs: dict = earlier_runs(args.out, args.scale) if args.part else {}
     if args.scale == "h200" and (not args.gguf or not args.humaneval):
         raise SystemExit("bench.h200_decode: --gguf and --humaneval are needed at --scale h200")
-    # The GGUF conversion (a minute of CPU) runs beside the runs that do not need it.
+    # The GGUF conversion (a minute of CPU) runs beside the runs that do not need it. It ends
+    # before this function does, however it ends: transformers' loading patches process-wide
+    # state (PreTrainedModel.tie_weights, torch's init functions) while it runs, and a
+    # conversion left running beside the caller's own model loads (a test process's next
+    # tests) left a tied head untied and on the meta device, and weights uninitialised.
     needs_gguf = any("{folder}" in plan[n][1] or "{humaneval}" in plan[n][1] for n in wanted)
-    conversion = ThreadPoolExecutor(1).submit(prepare_target if needs_gguf else lambda *_: None,
-                                              args, logs)
+    with ThreadPoolExecutor(1) as pool:
+        conversion = pool.submit(prepare_target if needs_gguf else lambda *_: None, args, logs)
+        return _measure(args, plan, wanted, runs, conversion, logs, t0)
+
+
+def _measure(args, plan: dict, wanted: list, runs: dict, conversion, logs: Path,
+             t0: float) -> dict:
+    """The runs of ``wanted``, each gathered into --out as it ends."""
     state = {"folder": None}
     gb = card_gb()
     rows = rows_for(gb)

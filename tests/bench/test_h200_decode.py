@@ -5,6 +5,7 @@ sustained run decodes more prompts than rows on one engine; the step timing and 
 
 import json
 import logging
+import threading
 
 import pytest
 
@@ -73,9 +74,15 @@ def test_cpu_equality_run_in_the_background(tmp_path):
 def test_a_spent_budget_skips_runs_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
     out = tmp_path / "decode.json"
+    before = set(threading.enumerate())
     with pytest.raises(SystemExit):
         h200_decode.main(["--scale", "tiny", "--only", "smol_static", "--budget-s", "1",
                           "--out", str(out), "--logs", str(tmp_path / "logs")])
+    # The GGUF conversion it started has ended with it: left running, its model loading (which
+    # patches PreTrainedModel.tie_weights process-wide) untied a later test's Gemma3 head.
+    # (tqdm's progress-bar monitor, a daemon thread, may stay: it touches no model.)
+    assert not [t for t in threading.enumerate()
+                if t not in before and t.is_alive() and not t.daemon]
     result = json.loads(out.read_text())
     assert "budget left" in result["runs"]["smol_static"]["skipped"]
     assert result["smollm2_135m"]["regen_tokens_per_s"] is None
