@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -67,10 +68,13 @@ def _with_empty_rows(anchors: Anchors, rows: int) -> Anchors:
 
 class DrafterTrainer:
     def __init__(self, spec: DrafterSpec, options: DrafterConfig, optim: OptimConfig,
-                 seed: int, head: TargetHead, device: str,
+                 seed: int, head: TargetHead | Callable[[], TargetHead], device: str,
                  autocast_dtype: Optional[torch.dtype], total_steps: int,
                  packing: Optional[Packing] = None, init: Optional[TargetInit] = None) -> None:
-        """``init``: drafter.init=target_layers resolved (model/target_init.py); None: random."""
+        """``init``: drafter.init=target_layers resolved (model/target_init.py); None: random.
+        ``head``: the target's head, or a call that gives it, made once the drafter is built:
+        the drafter worker reads the head from disk beside the build (:attr:`head_wait_s`
+        says how long the build then still waited for it)."""
         self.spec = spec
         self.packing = packing  # data.batching=pack: rows run as one sequence (packing.py)
         self.options = options
@@ -78,8 +82,11 @@ class DrafterTrainer:
         self.seed = seed
         self.device = device
         self.autocast_dtype = autocast_dtype
-        self.head = head.to(device, autocast_dtype or torch.float32)
         self.model = build_drafter(spec, seed, device, init)
+        waited = time.perf_counter()
+        head = head() if callable(head) else head
+        self.head_wait_s = time.perf_counter() - waited
+        self.head = head.to(device, autocast_dtype or torch.float32)
         # Gradients get buffers of their own for the whole run. Under CUDA graphs
         # (compile=reduce-overhead) a first backward would otherwise adopt the graph's output
         # memory as .grad, and the next micro-batch's replay would overwrite it before the

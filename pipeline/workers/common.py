@@ -44,3 +44,10 @@ class StartupClock:
         now = time.perf_counter()
         self.parts[part] = now - self._last
         self._last = now
+
+    def carve(self, part: str, share: str, seconds: float) -> None:
+        """``seconds`` of ``part`` given their own name, right after it: the parts still add
+        up to the whole."""
+        seconds = min(max(seconds, 0.0), self.parts[part])
+        self.parts[part] -= seconds
+        self.parts[share] = seconds
