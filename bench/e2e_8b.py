@@ -23,7 +23,7 @@ title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
   ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
   seconds from being asked for to up and their parts (before its constructor: a Ray worker,
   the interpreter, the imports; then device ready, drafter built (the target's head read
-  beside it), waited for the target head, rest);
+  beside it), waited for the target head, optimizer and compile set up, rest);
   ``checkpoint_loads_s``: each load's parts on drafter rank 0 (read from the files, or
   waited for the read-ahead and copied from host memory, the default; ``--set
   train.checkpoint.read_ahead=false`` for the files);

@@ -74,7 +74,8 @@ class DrafterTrainer:
         """``init``: drafter.init=target_layers resolved (model/target_init.py); None: random.
         ``head``: the target's head, or a call that gives it, made once the drafter is built:
         the drafter worker reads the head from disk beside the build (:attr:`head_wait_s`
-        says how long the build then still waited for it)."""
+        says how long the build then still waited for it; :attr:`setup_s`, how long the rest
+        took once the drafter and its head were in place: gradients, optimizer, compile)."""
         self.spec = spec
         self.packing = packing  # data.batching=pack: rows run as one sequence (packing.py)
         self.options = options
@@ -87,6 +88,7 @@ class DrafterTrainer:
         head = head() if callable(head) else head
         self.head_wait_s = time.perf_counter() - waited
         self.head = head.to(device, autocast_dtype or torch.float32)
+        set_up = time.perf_counter()
         # Gradients get buffers of their own for the whole run. Under CUDA graphs
         # (compile=reduce-overhead) a first backward would otherwise adopt the graph's output
         # memory as .grad, and the next micro-batch's replay would overwrite it before the
@@ -104,6 +106,7 @@ class DrafterTrainer:
         self.local_nonfinite = False  # a micro-batch of this step had a NaN/inf loss
         self.skipped_steps = 0
         self.steps_done = 0
+        self.setup_s = time.perf_counter() - set_up
 
     def shard(self, device: torch.device) -> None:
         """drafter.parallel=fsdp, once the process group is up and before any step: shard

@@ -134,7 +134,7 @@ def test_each_kind_of_killed_actor_is_restarted_from_the_last_checkpoint(killed_
         parts = re.findall(r"(.+?) ([0-9.]+)s(?:, |$)", listed)
         assert [name for name, _ in parts] == [
             "before its constructor", "device ready", "drafter built",
-            "waited for the target head", "rest"], listed
+            "waited for the target head", "optimizer and compile set up", "rest"], listed
         # Each figure rounded to 0.1 s: the parts add up to the whole within the roundings.
         assert abs(sum(float(v) for _, v in parts) - float(up)) <= 0.05 * (len(parts) + 1)
     # Both epochs complete, each sample trained exactly once in each, and the line says so.

@@ -29,7 +29,7 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
                             feature_numel=numel, total_steps=1)
     startup = drafter.startup_seconds()  # the parts the driver's start-up line gives
     assert list(startup) == ["device ready", "drafter built", "waited for the target head",
-                             "rest"]
+                             "optimizer and compile set up", "rest"]
     assert all(v >= 0 for v in startup.values())
     master = pick_master()
     drafter.init_group(master.addr, master.port)
