@@ -77,8 +77,9 @@ class DrafterWorker:
                                                                        target_path))
         clock.mark("drafter built")
         clock.carve("drafter built", "waited for the target head", self.trainer.head_wait_s)
-        # In 8B starts on the H200 the build took 10-14 s, where drawing the weights on the GPU
-        # should take well under one: this part says how much is gradients, optimizer, compile.
+        # Its own part: at 8B on an H100 (2026-12-05) it took 6.5-9.2 s of every start, nearly
+        # all dynamo's import (which the first AdamW pays too) and the compile wrapper, against
+        # 0.5 s for drawing the weights (bench/drafter_build_probe.py).
         clock.carve("drafter built", "optimizer and compile set up", self.trainer.setup_s)
         # Rings of another node are refused: neither CUDA IPC nor shared memory crosses nodes.
         self.reader = RingReader(self.device, node_id=current_node_id())
