@@ -14,13 +14,17 @@ again. With ``--checkpoint DIR`` it then saves the drafter and its AdamW state t
 at the 8B recipe, as a job's checkpoint) and times the real read-ahead alone, the build beside
 it, and the build beside it with the interpreter's thread switch interval at 0.5 ms (a thread
 that releases the GIL for each of many short calls, as the build does, may wait up to the
-interval each time to take it back from the reading threads). Prints a JSON of seconds.
+interval each time to take it back from the reading threads). Last, each in a fresh process
+(dynamo's import is paid once a process), a restart's constructor in two orders: as the drafter
+worker runs it (the read-ahead begun before the build), and with the read-ahead begun after
+the build, beside the set-up instead (``restart_order``). Prints a JSON of seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -137,18 +141,68 @@ def _read_ahead(probe: Probe, spec, folder: Path) -> dict[str, float]:
     return out
 
 
+def _restart(probe: Probe, spec, folder: Path, order: str) -> dict[str, float]:
+    """A restart's constructor in a fresh process: the device, then the build and the set-up
+    (dynamo's import, the compile wrapper, AdamW), with the read-ahead begun before the build
+    (``before``, the drafter worker's order) or after it (``after``), then its wait."""
+    from pipeline.checkpoint.read_ahead import ReadAhead
+
+    out: dict[str, float] = {}
+    _, out["device_ready_s"] = probe.timed(lambda: torch.empty(1, device=probe.device))
+    start = time.perf_counter()
+    ahead = ReadAhead.start(folder, pin=probe.pinned) if order == "before" else None
+    model, out["build_s"] = probe.build(spec)
+    if order == "after":
+        ahead = ReadAhead.start(folder, pin=probe.pinned)
+    set_up = time.perf_counter()
+    __import__("torch._dynamo")
+    torch.compile(model, dynamic=False)
+    torch.optim.AdamW(model.parameters(), lr=1e-4)
+    out["setup_s"] = time.perf_counter() - set_up
+    waited = time.perf_counter()
+    host = ahead.take(folder) if ahead is not None else None
+    out["read_wait_s"] = time.perf_counter() - waited
+    out["total_s"] = time.perf_counter() - start
+    if host is None:
+        raise RuntimeError(f"reading {folder} ahead gave nothing (the log says why)")
+    return out
+
+
+def _restart_orders(args) -> dict[str, dict[str, float]]:
+    """:func:`_restart` in both orders, each in a child process of its own."""
+    found = {}
+    for order in ("before", "after"):
+        cmd = [sys.executable, "-m", "bench.drafter_build_probe", "--device", args.device,
+               "--checkpoint", args.checkpoint, "--restart-order", order,
+               *(["--tiny"] if args.tiny else [])]
+        child = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if child.returncode != 0:
+            raise RuntimeError(f"the {order} restart failed: {child.stderr[-2000:]}")
+        found[order] = json.loads(child.stdout.strip().splitlines()[-1])
+    return found
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="small widths: the plumbing on CPU")
     p.add_argument("--checkpoint", default=None, help="a folder to save and read ahead")
     p.add_argument("--out", default=None)
+    p.add_argument("--restart-order", choices=("before", "after"), default=None,
+                   help="only a restart's constructor with the read-ahead begun before or "
+                        "after the build, on the --checkpoint saved by a full run")
     args = p.parse_args(argv)
     target = {**qwen3_8b_config(), **(TINY if args.tiny else {})}
     probe = Probe(args.device, target)
     probe.head = [torch.ones(target["vocab_size"], target["hidden_size"], dtype=torch.bfloat16)
                   for _ in range(2)]
     spec = probe.spec()
+    if args.restart_order:
+        if not args.checkpoint:
+            p.error("--restart-order needs --checkpoint (a folder a full run saved)")
+        found = _restart(probe, spec, Path(args.checkpoint), args.restart_order)
+        print(json.dumps(found), flush=True)
+        return found
     result: dict = {"machine": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                     "tiny": args.tiny}
     _, result["device_ready_s"] = probe.timed(lambda: torch.empty(1, device=args.device))
@@ -173,6 +227,9 @@ def main(argv=None) -> dict:
     if args.checkpoint:
         print(json.dumps(result), flush=True)  # the read-ahead part takes a minute more
         result["read_ahead"] = _read_ahead(probe, spec, Path(args.checkpoint))
+        print(json.dumps(result), flush=True)
+        del probe.head
+        result["restart_order"] = _restart_orders(args)
     print(json.dumps(result, indent=1), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
 """bench/drafter_build_probe.py at small widths on CPU: every figure measured, the checkpoint
-really saved and read ahead (a read that gives nothing is an error, not a figure)."""
+really saved and read ahead (a read that gives nothing is an error, not a figure), and a
+restart's constructor in both orders of read-ahead and build."""
 
 import json
 
@@ -22,3 +23,9 @@ def test_tiny_probe_times_every_part_and_reads_the_checkpoint_it_saved(tmp_path)
     assert (tmp_path / "ck" / "drafter").is_dir()  # the saved checkpoint, read three times
     # The 8B recipe's checkpoint shape at small widths: weights and two moments, fp32.
     assert 0 < result["checkpoint_gb"] < 0.1
+    # A restart's constructor in both orders, each a fresh process (dynamo imported anew).
+    orders = result["restart_order"]
+    assert set(orders) == {"before", "after"}
+    for parts in orders.values():
+        assert set(parts) == {"device_ready_s", "build_s", "setup_s", "read_wait_s", "total_s"}
+        assert parts["total_s"] >= parts["build_s"] + parts["setup_s"] > 0
