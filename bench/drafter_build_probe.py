@@ -15,9 +15,10 @@ at the 8B recipe, as a job's checkpoint) and times the real read-ahead alone, th
 it, and the build beside it with the interpreter's thread switch interval at 0.5 ms (a thread
 that releases the GIL for each of many short calls, as the build does, may wait up to the
 interval each time to take it back from the reading threads). Last, each in a fresh process
-(dynamo's import is paid once a process), a restart's constructor in two orders: as the drafter
-worker runs it (the read-ahead begun before the build), and with the read-ahead begun after
-the build, beside the set-up instead (``restart_order``). Prints a JSON of seconds.
+(dynamo's import is paid once a process), a restart's constructor and load in three ways: as
+the drafter worker runs it (the read-ahead begun before the build, into pinned memory), with
+the read-ahead begun after the build, beside the set-up instead, and as it runs now but into
+pageable memory (``restart_order``). Prints a JSON of seconds.
 """
 
 from __future__ import annotations
@@ -141,44 +142,52 @@ def _read_ahead(probe: Probe, spec, folder: Path) -> dict[str, float]:
     return out
 
 
-def _restart(probe: Probe, spec, folder: Path, order: str) -> dict[str, float]:
+def _restart(probe: Probe, spec, folder: Path, order: str, pin: bool) -> dict[str, float]:
     """A restart's constructor in a fresh process: the device, then the build and the set-up
     (dynamo's import, the compile wrapper, AdamW), with the read-ahead begun before the build
-    (``before``, the drafter worker's order) or after it (``after``), then its wait."""
+    (``before``, the drafter worker's order) or after it (``after``), then its wait and the
+    load from host memory (weights copied, AdamW given its state). ``pin``: the read-ahead's
+    tensors in pinned memory, as the drafter worker's rank 0 reads them on CUDA."""
     from pipeline.checkpoint.read_ahead import ReadAhead
 
     out: dict[str, float] = {}
     _, out["device_ready_s"] = probe.timed(lambda: torch.empty(1, device=probe.device))
     start = time.perf_counter()
-    ahead = ReadAhead.start(folder, pin=probe.pinned) if order == "before" else None
+    ahead = ReadAhead.start(folder, pin=pin) if order == "before" else None
     model, out["build_s"] = probe.build(spec)
     if order == "after":
-        ahead = ReadAhead.start(folder, pin=probe.pinned)
+        ahead = ReadAhead.start(folder, pin=pin)
     set_up = time.perf_counter()
     __import__("torch._dynamo")
     torch.compile(model, dynamic=False)
-    torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     out["setup_s"] = time.perf_counter() - set_up
     waited = time.perf_counter()
     host = ahead.take(folder) if ahead is not None else None
     out["read_wait_s"] = time.perf_counter() - waited
-    out["total_s"] = time.perf_counter() - start
     if host is None:
         raise RuntimeError(f"reading {folder} ahead gave nothing (the log says why)")
+    _, out["load_s"] = probe.timed(lambda: host.load_into(model, optimizer))
+    out["total_s"] = time.perf_counter() - start
     return out
 
 
+# A restart's orders: (order, pinned read-ahead where the device allows it).
+RESTARTS = {"before": ("before", True), "after": ("after", True),
+            "before_pageable": ("before", False)}
+
+
 def _restart_orders(args) -> dict[str, dict[str, float]]:
-    """:func:`_restart` in both orders, each in a child process of its own."""
+    """:func:`_restart` in each of RESTARTS, each in a child process of its own."""
     found = {}
-    for order in ("before", "after"):
+    for name, (order, pin) in RESTARTS.items():
         cmd = [sys.executable, "-m", "bench.drafter_build_probe", "--device", args.device,
                "--checkpoint", args.checkpoint, "--restart-order", order,
-               *(["--tiny"] if args.tiny else [])]
+               *(["--tiny"] if args.tiny else []), *([] if pin else ["--pageable"])]
         child = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if child.returncode != 0:
-            raise RuntimeError(f"the {order} restart failed: {child.stderr[-2000:]}")
-        found[order] = json.loads(child.stdout.strip().splitlines()[-1])
+            raise RuntimeError(f"the {name} restart failed: {child.stderr[-2000:]}")
+        found[name] = json.loads(child.stdout.strip().splitlines()[-1])
     return found
 
 
@@ -191,6 +200,8 @@ def main(argv=None) -> dict:
     p.add_argument("--restart-order", choices=("before", "after"), default=None,
                    help="only a restart's constructor with the read-ahead begun before or "
                         "after the build, on the --checkpoint saved by a full run")
+    p.add_argument("--pageable", action="store_true",
+                   help="with --restart-order: read ahead into pageable host memory")
     args = p.parse_args(argv)
     target = {**qwen3_8b_config(), **(TINY if args.tiny else {})}
     probe = Probe(args.device, target)
@@ -200,7 +211,8 @@ def main(argv=None) -> dict:
     if args.restart_order:
         if not args.checkpoint:
             p.error("--restart-order needs --checkpoint (a folder a full run saved)")
-        found = _restart(probe, spec, Path(args.checkpoint), args.restart_order)
+        found = _restart(probe, spec, Path(args.checkpoint), args.restart_order,
+                         pin=probe.pinned and not args.pageable)
         print(json.dumps(found), flush=True)
         return found
     result: dict = {"machine": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
