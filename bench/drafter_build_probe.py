@@ -203,6 +203,8 @@ def main(argv=None) -> dict:
     p.add_argument("--pageable", action="store_true",
                    help="with --restart-order: read ahead into pageable host memory")
     args = p.parse_args(argv)
+    if args.pageable and not args.restart_order:
+        p.error("--pageable applies to --restart-order only (the full run times both kinds)")
     target = {**qwen3_8b_config(), **(TINY if args.tiny else {})}
     probe = Probe(args.device, target)
     probe.head = [torch.ones(target["vocab_size"], target["hidden_size"], dtype=torch.bfloat16)

@@ -4,6 +4,8 @@ restart's constructor and load in each order of read-ahead and build."""
 
 import json
 
+import pytest
+
 from bench.drafter_build_probe import main
 
 
@@ -23,10 +25,17 @@ def test_tiny_probe_times_every_part_and_reads_the_checkpoint_it_saved(tmp_path)
     assert (tmp_path / "ck" / "drafter").is_dir()  # the saved checkpoint, read three times
     # The 8B recipe's checkpoint shape at small widths: weights and two moments, fp32.
     assert 0 < result["checkpoint_gb"] < 0.1
-    # A restart's constructor in both orders, each a fresh process (dynamo imported anew).
+    # A restart's constructor and load in each way, a fresh process each (dynamo imported anew).
     orders = result["restart_order"]
     assert set(orders) == {"before", "after", "before_pageable"}
     for parts in orders.values():
         assert set(parts) == {"device_ready_s", "build_s", "setup_s", "read_wait_s", "load_s",
                               "total_s"}
         assert parts["total_s"] >= parts["build_s"] + parts["setup_s"] + parts["load_s"] > 0
+
+
+def test_pageable_alone_is_refused_not_ignored(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--tiny", "--device", "cpu", "--pageable"])
+    assert info.value.code == 2 and "--pageable applies to --restart-order only" \
+        in capsys.readouterr().err
