@@ -95,6 +95,15 @@ def _beside(probe: Probe, spec, sizes: list[int], pin: bool) -> dict[str, float]
     return {"build_s": seconds, **done}
 
 
+def _taken(ahead, folder: Path):
+    """``ahead``'s host copy of ``folder``; a read-ahead that gave nothing (not started, or
+    failed: the log says why) is an error, not a figure."""
+    host = ahead.take(folder) if ahead is not None else None
+    if host is None:
+        raise RuntimeError(f"reading {folder} ahead gave nothing (the log says why)")
+    return host
+
+
 def _read_ahead(probe: Probe, spec, folder: Path) -> dict[str, float]:
     from pipeline.checkpoint import sharded
     from pipeline.checkpoint.host_copy import HostPool
@@ -125,12 +134,10 @@ def _read_ahead(probe: Probe, spec, folder: Path) -> dict[str, float]:
             start = time.perf_counter()
             ahead = ReadAhead.start(folder, pin=probe.pinned)
             built, seconds = probe.build(spec) if build else (None, 0.0)
-            host = ahead.take(folder) if ahead is not None else None
+            host = _taken(ahead, folder)
             total = time.perf_counter() - start
         finally:
             sys.setswitchinterval(default)
-        if host is None:
-            raise RuntimeError(f"reading {folder} ahead gave nothing (the log says why)")
         del built, host
         probe.release()
         return seconds, total
@@ -163,10 +170,8 @@ def _restart(probe: Probe, spec, folder: Path, order: str, pin: bool) -> dict[st
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     out["setup_s"] = time.perf_counter() - set_up
     waited = time.perf_counter()
-    host = ahead.take(folder) if ahead is not None else None
+    host = _taken(ahead, folder)
     out["read_wait_s"] = time.perf_counter() - waited
-    if host is None:
-        raise RuntimeError(f"reading {folder} ahead gave nothing (the log says why)")
     _, out["load_s"] = probe.timed(lambda: host.load_into(model, optimizer))
     out["total_s"] = time.perf_counter() - start
     return out
