@@ -18,6 +18,9 @@ title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
   ``killed_drafter_gone_s``: from the SIGKILL until the killed process had let go of its
   memory and GPU (what a new drafter on that GPU waits for at least);
+  ``after_restart_step_times_s``: the first ten steps' times after the restart, and
+  ``after_restart_excess_s``: how much longer than the median step the second to tenth took
+  together (the first compiles; the save buffers are pinned in the background meanwhile);
   ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
   data re-planned, drafters built, process group and rings, checkpoint loaded);
   ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
@@ -195,6 +198,9 @@ def _drafter_starts(log_text: str) -> list[dict[str, float]]:
     return [{"up": float(up), **_parts(listed)} for up, listed in _DRAFTER_UP.findall(log_text)]
 
 
+AFTER = 10  # steps after a restart whose times the summary lists
+
+
 def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: int,
                loss_rtol: float) -> dict:
     train = [r for r in rows if "train/loss" in r]
@@ -230,6 +236,9 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "checkpoint_write_s": max((float(x) for x in _WRITTEN.findall(log_text)), default=None),
         "checkpoint_step_excess_s": max(excess) if excess else None,
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
+        "after_restart_step_times_s": [r["perf/step_time_s"] for r in after_kill[:AFTER]],
+        "after_restart_excess_s": sum(max(0.0, r["perf/step_time_s"] - median_step)
+                                      for r in after_kill[1:AFTER]),
         "killed_drafter_gone_s": times.get("gone_s"),
         "restart_parts_s": _restart_parts(log_text),
         "drafter_starts_s": _drafter_starts(log_text),

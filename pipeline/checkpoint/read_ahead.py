@@ -4,9 +4,10 @@ A drafter restarted after a loss, or started to resume, spends seconds before it
 its CUDA context, the target's head, the drafter's build. Its load then read the files,
 deserialised them and copied them to the GPU (at the Qwen3-8B shape 12.6 GB: 10.6 s of a
 32 s restart on the H200). Told the folder when it is built, the drafter reads it here in a
-thread of its own meanwhile, into host tensors (pinned on CUDA when the rank writes
-checkpoints: they become its buffers for the next saves); the load then copies the weights
-into place and hands the optimizer its state (moved to the GPU; on the host, these tensors).
+thread of its own meanwhile, into host tensors (pageable: pinning them stalled the build
+beside the read, see DrafterWorker._read_ahead; pinned ones, where a caller asks, become the
+buffers for its next saves); the load then copies the weights into place and hands the
+optimizer its state (moved to the GPU; on the host, these tensors).
 
 Whole tensors only: an fsdp rank needs only its shards, which are known once the group is
 formed, so it reads at the load as before (pipeline/checkpoint/sharded.py). A read that fails

@@ -70,7 +70,7 @@ class DrafterWorker:
             self.device = actor_device(device)
             torch.empty(1, device=self.device)  # the CUDA context is made here, not in the build
             clock.mark("device ready")
-            self.read_ahead = self._read_ahead(checkpoint, rank, options)
+            self.read_ahead = self._read_ahead(checkpoint, options)
             self.trainer = DrafterTrainer(spec, options, optim, seed, head.result,
                                           self.device.type, autocast_dtype, total_steps,
                                           packing, init=target_init_of(options, spec,
@@ -92,15 +92,19 @@ class DrafterWorker:
         self.startup = clock.parts
         self.load_parts: dict[str, float] = {}
 
-    def _read_ahead(self, checkpoint: Optional[str], rank: int,
+    def _read_ahead(self, checkpoint: Optional[str],
                     options: DrafterConfig) -> Optional[ReadAhead]:
         """Not under fsdp (a rank reads only its shards, known once the group is formed).
-        Pinned where this rank writes checkpoints: the tensors become its save buffers."""
+        Into pageable memory: pinning 12.6 GB in a fresh process stalled the drafter's build
+        beside it (8B restart on an H100, 2026-12-06: build 5-9.5 s pinned against 0.7 s,
+        restart 16 s against 10 s; bench/drafter_build_probe.py), while the copy from
+        pageable memory costs the load ~1.6 s more. The save buffers are pinned after the
+        load instead (:meth:`load_checkpoint`)."""
         if checkpoint is None or options.parallel == "fsdp":
             return None
         from pipeline.checkpoint.read_ahead import ReadAhead  # imports DCP: see the top
 
-        return ReadAhead.start(Path(checkpoint), pin=self.device.type == "cuda" and rank == 0)
+        return ReadAhead.start(Path(checkpoint), pin=False)
 
     def startup_seconds(self) -> dict[str, float]:
         """The constructor's parts (:class:`~pipeline.workers.common.StartupClock`): a start's

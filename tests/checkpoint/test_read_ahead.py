@@ -182,19 +182,19 @@ def test_a_pool_given_tensors_allocates_only_what_it_lacks():
     assert pool._free == {((4, 2), torch.float32): [], ((5,), torch.float32): []}
 
 
-def _worker(target_dir, target_config, checkpoint=None):
+def drafter_worker(target_dir, target_config, checkpoint=None, device="cpu"):
     options = DrafterConfig(num_layers=1, block_size=4, num_taps=2, mask_token_id=95,
                             num_anchors=4)
     return DrafterWorker(rank=0, world_size=1, spec=build_drafter_spec(target_config, options),
                          options=options, optim=OptimConfig(), seed=0,
-                         target_path=str(target_dir), device="cpu", autocast_dtype=None,
+                         target_path=str(target_dir), device=device, autocast_dtype=None,
                          feature_dtype=torch.float32, feature_numel=16, total_steps=4,
                          checkpoint=checkpoint)
 
 
 def test_a_drafter_told_its_checkpoint_loads_it_read_ahead_into_its_save_buffers(
         tmp_path, random_target_dir, target_config):
-    first = _worker(random_target_dir, target_config)
+    first = drafter_worker(random_target_dir, target_config)
     master = pick_master()
     first.init_group(master.addr, master.port)
     try:
@@ -207,7 +207,7 @@ def test_a_drafter_told_its_checkpoint_loads_it_read_ahead_into_its_save_buffers
         assert done.error is None
     finally:
         destroy_group()
-    second = _worker(random_target_dir, target_config, checkpoint=str(tmp_path))
+    second = drafter_worker(random_target_dir, target_config, checkpoint=str(tmp_path))
     assert second.read_ahead is not None
     master = pick_master()
     second.init_group(master.addr, master.port)

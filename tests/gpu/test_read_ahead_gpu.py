@@ -1,7 +1,9 @@
-"""A checkpoint read ahead into pinned host memory loads onto the GPU exactly as the files do,
-and its host tensors are the pinned save buffers afterwards (the CUDA side of
+"""A checkpoint read ahead into host memory, pinned or pageable (the drafter worker's choice),
+loads onto the GPU exactly as the files do, and its host tensors keep the pinning asked for,
+which decides whether they may become save buffers (the CUDA side of
 tests/checkpoint/test_read_ahead.py)."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -9,13 +11,17 @@ from pipeline.checkpoint import sharded
 from pipeline.checkpoint.host_copy import HostPool
 from pipeline.checkpoint.read_ahead import ReadAhead
 from pipeline.checkpoint.writer import AsyncSaver
+from pipeline.dist.rendezvous import destroy_group, pick_master
+from tests.checkpoint.test_read_ahead import drafter_worker
 
 
 def _model(device):
     return nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 32)).to(device)
 
 
-def test_pinned_read_ahead_loads_on_the_device_as_the_files_do(tmp_path, device, on_cuda):
+@pytest.mark.parametrize("pin", [True, False], ids=["pinned", "pageable"])
+def test_read_ahead_loads_on_the_device_as_the_files_do(tmp_path, device, on_cuda, pin):
+    pin = pin and on_cuda
     torch.manual_seed(0)
     model = _model(device)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -28,7 +34,7 @@ def test_pinned_read_ahead_loads_on_the_device_as_the_files_do(tmp_path, device,
                 tmp_path, 2)
     (done,) = saver.wait()
     assert done.error is None
-    ahead = ReadAhead.start(tmp_path, pin=on_cuda)
+    ahead = ReadAhead.start(tmp_path, pin=pin)
     loaded = []
     for host in (None, ahead.take(tmp_path)):
         fresh = _model(device)
@@ -36,8 +42,8 @@ def test_pinned_read_ahead_loads_on_the_device_as_the_files_do(tmp_path, device,
         sharded.load(fresh, fresh_optim, tmp_path, group=None, host=host)
         loaded.append((fresh, fresh_optim))
         if host is not None:
-            assert host.pinned == on_cuda
-            assert all(t.is_pinned() == on_cuda for t in host.tensors())
+            assert host.pinned == pin
+            assert all(t.is_pinned() == pin for t in host.tensors())
     (files, files_optim), (ahead_model, ahead_optim) = loaded
     for a, b, c in zip(ahead_model.parameters(), files.parameters(), model.parameters()):
         assert a.device.type == torch.device(device).type
@@ -45,3 +51,44 @@ def test_pinned_read_ahead_loads_on_the_device_as_the_files_do(tmp_path, device,
     for a, b in zip(ahead_optim.state.values(), files_optim.state.values()):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(a[key], b[key]), key
+
+
+def test_a_restarted_drafter_reads_ahead_pageable_and_pins_its_save_buffers_after_the_load(
+        tmp_path, device, on_cuda, random_target_dir, target_config):
+    """The worker reads ahead into pageable memory (pinning beside the build stalled it), so
+    none of the read tensors may become a save buffer on CUDA: after the load the pool pins
+    one buffer per state tensor itself."""
+    first = drafter_worker(random_target_dir, target_config, device=device)
+    master = pick_master()
+    first.init_group(master.addr, master.port)
+    try:
+        with torch.no_grad():
+            for p in first.trainer.model.parameters():
+                p.add_(torch.randn_like(p))
+        sharded.init_optimizer_state(first.trainer.optimizer)
+        first.save_checkpoint(str(tmp_path))
+        (done,) = first.wait_saves()
+        assert done.error is None
+    finally:
+        destroy_group()
+    second = drafter_worker(random_target_dir, target_config, checkpoint=str(tmp_path),
+                            device=device)
+    master = pick_master()
+    second.init_group(master.addr, master.port)
+    try:
+        host = second.read_ahead.take(tmp_path)
+        second.read_ahead.take = lambda folder: host  # the same read, seen by the load
+        assert not host.pinned and not any(t.is_pinned() for t in host.tensors())
+        assert second.load_checkpoint(str(tmp_path)) == first.trainer.steps_done
+        for a, b in zip(second.trainer.model.parameters(), first.trainer.model.parameters()):
+            assert torch.equal(a, b)
+        pool = second.saver.pool
+        pool._thread.join()  # the background fill
+        pooled = [t for ts in pool._free.values() for t in ts]
+        assert len(pooled) == len(second._checkpoint_specs())
+        assert all(t.is_pinned() == on_cuda for t in pooled)
+        second.save_checkpoint(str(tmp_path / "again"))  # the pool serves a save
+        (done,) = second.wait_saves()
+        assert done.error is None
+    finally:
+        destroy_group()
