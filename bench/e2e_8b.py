@@ -14,13 +14,13 @@ title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
 * ``start_to_first_step_s``: from the launch of the CLI to the first logged step;
 * ``checkpoint_stall_s``: the longest a save held the step loop (the driver's log), and
   ``checkpoint_step_excess_s``: how much longer the steps right after a save took than
-  the median step;
+  the median step (not counting those right after a restart);
 * ``kill_to_training_s``: from the SIGKILL to the first step completed after the restart;
   ``killed_drafter_gone_s``: from the SIGKILL until the killed process had let go of its
   memory and GPU (what a new drafter on that GPU waits for at least);
-  ``after_restart_step_times_s``: the first ten steps' times after the restart, and
-  ``after_restart_excess_s``: how much longer than the median step the second to tenth took
-  together (the first compiles; the save buffers are pinned in the background meanwhile);
+  ``after_restart_step_times_s``: the first twenty steps' times after the restart, and
+  ``after_restart_excess_s``: how much longer than the median step the second to twentieth
+  took together (the first compiles; the save buffers are pinned in the background after it);
   ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
   data re-planned, drafters built, process group and rings, checkpoint loaded);
   ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
@@ -198,7 +198,7 @@ def _drafter_starts(log_text: str) -> list[dict[str, float]]:
     return [{"up": float(up), **_parts(listed)} for up, listed in _DRAFTER_UP.findall(log_text)]
 
 
-AFTER = 10  # steps after a restart whose times the summary lists
+AFTER = 20  # steps after a restart whose times the summary lists
 
 
 def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: int,
@@ -221,8 +221,11 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
     rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in repeated.values()]
     held = [float(x) for x in re.findall(r"held training ([0-9.]+)s", log_text)]
     saves = sorted({int(s) for s in _CHECKPOINT.findall(log_text)})
+    # The steps right after a restart (the first compiles) are not a save's: they have
+    # figures of their own below.
+    restart_window = {id(r) for r in after_kill[:AFTER]}
     excess = [r["perf/step_time_s"] - median_step for r in train
-              if any(r["step"] in (s + 1, s + 2) for s in saves)]
+              if any(r["step"] in (s + 1, s + 2) for s in saves) and id(r) not in restart_window]
     wall = times["exit"] - times["launch"]
     first_step_s = train[0]["time"] - times["launch"]
     resumed = _RESUMED.search(log_text)

@@ -48,7 +48,7 @@ def test_figures_follow_from_the_rows():
     assert abs(out["checkpoint_step_excess_s"] - 1.0) < 1e-9
     assert abs(out["kill_to_training_s"] - 20.4) < 1e-6
     assert out["killed_drafter_gone_s"] == 1.5
-    assert out["after_restart_step_times_s"] == [0.5] * 10 and out["after_restart_excess_s"] == 0
+    assert out["after_restart_step_times_s"] == [0.5] * 20 and out["after_restart_excess_s"] == 0
     assert out["steady_samples_per_s"] == 16.0
     assert abs(out["e2e_efficiency"] - 0.5 * 200 / (last + 10.0 - 40.0)) < 1e-9
     assert abs(out["e2e_efficiency_after_start"]
@@ -136,14 +136,16 @@ def test_the_evaluator_runs_only_where_the_gpu_holds_it_beside_the_job(tmp_path)
 
 
 def test_the_steps_after_a_restart_are_listed_and_their_excess_summed():
-    """The first step after the restart (its compile) is listed but not counted as excess."""
+    """The first step after the restart (its compile) is listed but counted neither as the
+    restart's excess nor as the checkpoint's (it is step 101, right after the save at 100)."""
     rows, kill, last = _rows()
     after = [r for r in rows if r["time"] > kill]
     after[0]["perf/step_time_s"] = 9.0
     after[1]["perf/step_time_s"] = 0.9
     after[2]["perf/step_time_s"] = 0.8
-    after[10]["perf/step_time_s"] = 5.0  # the eleventh: outside the window
+    after[20]["perf/step_time_s"] = 5.0  # the twenty-first: outside the window
     times = {"launch": 40.0, "exit": last, "killed_at": kill, "returncode": 0}
     out = _summarise(times, rows, LOG, samples_per_step=8, loss_rtol=1e-3)
-    assert out["after_restart_step_times_s"] == [9.0, 0.9, 0.8] + [0.5] * 7
+    assert out["after_restart_step_times_s"] == [9.0, 0.9, 0.8] + [0.5] * 17
     assert abs(out["after_restart_excess_s"] - 0.7) < 1e-9
+    assert abs(out["checkpoint_step_excess_s"] - 1.0) < 1e-9  # the first pass's step 101
