@@ -4,9 +4,9 @@ the step loop.
 A synchronous save of the Qwen3-8B drafter (12.6 GB of fp32 weights and AdamW moments) held
 the step loop for ~39 s. A save now only copies the state into host buffers (pinned on CUDA,
 so the copy runs at PCIe speed) and returns; pipeline/checkpoint/writer.py writes the copy in
-the background. The buffers are allocated in a background thread (pinning 12.6 GB takes
-seconds; the drafter worker starts it once its first step is done, see
-DrafterWorker._fill_save_buffers) and reused by every save. Under drafter.parallel=fsdp each rank copies only its
+the background. The buffers are allocated in the background at construction (pinning 12.6 GB
+takes seconds; a drafter about to load a checkpoint allocates them after the load instead of
+beside it) and reused by every save. Under drafter.parallel=fsdp each rank copies only its
 own shards (DTensors keep their placement: the copy is a DTensor over host memory).
 """
 

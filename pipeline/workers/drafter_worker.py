@@ -95,11 +95,12 @@ class DrafterWorker:
     def _read_ahead(self, checkpoint: Optional[str],
                     options: DrafterConfig) -> Optional[ReadAhead]:
         """Not under fsdp (a rank reads only its shards, known once the group is formed).
-        Into pageable memory: pinning 12.6 GB in a fresh process stalled the drafter's build
-        beside it (8B restart on an H100, 2026-12-06: build 5-9.5 s pinned against 0.7 s,
-        restart 16 s against 10 s; bench/drafter_build_probe.py), while the copy from
-        pageable memory costs the load ~1.6 s more. The save buffers are pinned after the
-        load instead (:meth:`load_checkpoint`)."""
+        Into pageable memory: pinning 12.6 GB in a fresh process stalls whatever runs beside
+        it. Read pinned, it held the drafter's build (8B on an H100, 2026-12-06: build 5-9.5 s
+        against 0.7 s); read pageable, the save buffers are pinned after the load
+        (:meth:`load_checkpoint`) and hold the first step instead (~5 s), or the second when
+        begun after the first. A lost drafter trains again after ~26 s either way; the
+        pinned allocation itself is what is left to make cheaper (docs/BENCHMARKS.md)."""
         if checkpoint is None or options.parallel == "fsdp":
             return None
         from pipeline.checkpoint.read_ahead import ReadAhead  # imports DCP: see the top
@@ -131,22 +132,14 @@ class DrafterWorker:
 
     def _saver(self, group, write_threads: int) -> AsyncSaver:
         """Each fsdp rank writes its shards; of replicas, rank 0 writes (the others only plan).
-        The writing ranks' host buffers are pinned in the background once the first step is
-        done (:meth:`_fill_save_buffers`), so the first save does not pay for them inside the
-        step loop."""
+        The writing ranks' host buffers are pinned in the background now, so the first save
+        does not pay for them inside the step loop."""
         pool = None
         if self.trainer.sharded is not None or self.rank == 0:
+            # A checkpoint being read ahead is loaded first: its tensors join the pool then.
             pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda",
-                            fill=False)
+                            fill=self.read_ahead is None)
         return AsyncSaver(pool, group, owner=self.rank == 0, threads=write_threads)
-
-    def _fill_save_buffers(self) -> None:
-        """Start pinning the save buffers the pool lacks (once; later calls do nothing).
-        Not before the first step ends: pinning 12.6 GB beside a start's or a restart's first
-        step (its compile) held that step ~5 s longer (8B restart on an H100, 2026-12-06),
-        and a checkpoint being loaded first gives the pool its spare host tensors."""
-        if self.saver is not None and self.saver.pool is not None:
-            self.saver.pool.fill()
 
     def attach(self, handles: Sequence[RingHandle]) -> None:
         for handle in handles:
@@ -189,7 +182,6 @@ class DrafterWorker:
         reduced = timed if self.trainer.sharded is None else self.trainer.sharded
         with torch.no_grad():
             checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
-        self._fill_save_buffers()
         return StepResult(
             drafter=self.rank, step=step, denominator=outcome.denominator,
             grad_norm=outcome.grad_norm, skipped=outcome.skipped, lr=lr,
@@ -208,8 +200,6 @@ class DrafterWorker:
         :meth:`wait_saves`; only then does the checkpoint count."""
         assert self.saver is not None, "init_group must run before save_checkpoint"
         from pipeline.checkpoint import sharded  # see the top
-
-        self._fill_save_buffers()  # a save before any step: the snapshot waits for them
 
         with sharded.shards_in_place(self.trainer.model, self.trainer.sharded is not None):
             return self.saver.start(
@@ -250,9 +240,11 @@ class DrafterWorker:
                            "copied from host memory": loaded} if host is not None else \
             {"read from the files": loaded}
         pool = self.saver.pool if self.saver is not None else None
-        if pool is not None and host is not None:  # what the load left unused: save buffers
-            pool.release([t for t in host.spare(self.trainer.optimizer)
-                          if t.is_pinned() == pool.pin])
+        if pool is not None:
+            if host is not None:  # what the load left unused becomes save buffers
+                pool.release([t for t in host.spare(self.trainer.optimizer)
+                              if t.is_pinned() == pool.pin])
+            pool.fill()
         return self.trainer.steps_done
 
     def load_seconds(self) -> dict[str, float]:
