@@ -7,8 +7,13 @@
 # Prints each group's last line and exits non-zero when any group failed or ran out of time.
 # TIER_GROUPS names a subset (e.g. "driver_fsdp rest") where device time is short; the
 # tier is green only with all three.
+# The GGUF tests need gguf and accelerate, which the GPU machine's image lacks: a tier without
+# them would skip those tests and still end green, so it refuses to start instead.
 set -uo pipefail
 limit=${1:-480}
+python3 -c "import gguf, accelerate" 2>/dev/null || {
+  echo "gpu_tier: gguf or accelerate is not importable, so the GGUF tests would skip;" \
+       "bundle them: ../shared/gpu/bundle gguf accelerate"; exit 2; }
 out=${OUT:-/tmp/gpu-tier}
 mkdir -p "$out"
 export DFLASH_ASSETS_DIR=${DFLASH_ASSETS_DIR:-/tmp/gpuassets}
