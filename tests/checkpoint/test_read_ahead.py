@@ -192,9 +192,9 @@ def drafter_worker(target_dir, target_config, checkpoint=None, device="cpu"):
                          checkpoint=checkpoint)
 
 
-def test_a_drafter_told_its_checkpoint_loads_it_read_ahead_into_its_save_buffers(
-        tmp_path, random_target_dir, target_config):
-    first = drafter_worker(random_target_dir, target_config)
+def saved_by_a_drafter(folder, target_dir, target_config, device="cpu"):
+    """A drafter worker with moved weights and AdamW state, saved into ``folder``."""
+    first = drafter_worker(target_dir, target_config, device=device)
     master = pick_master()
     first.init_group(master.addr, master.port)
     try:
@@ -202,11 +202,17 @@ def test_a_drafter_told_its_checkpoint_loads_it_read_ahead_into_its_save_buffers
             for p in first.trainer.model.parameters():
                 p.add_(torch.randn_like(p))
         sharded.init_optimizer_state(first.trainer.optimizer)
-        first.save_checkpoint(str(tmp_path))
+        first.save_checkpoint(str(folder))
         (done,) = first.wait_saves()
         assert done.error is None
     finally:
         destroy_group()
+    return first
+
+
+def test_a_drafter_told_its_checkpoint_loads_it_read_ahead_into_its_save_buffers(
+        tmp_path, random_target_dir, target_config):
+    first = saved_by_a_drafter(tmp_path, random_target_dir, target_config)
     second = drafter_worker(random_target_dir, target_config, checkpoint=str(tmp_path))
     assert second.read_ahead is not None
     master = pick_master()

@@ -12,7 +12,7 @@ from pipeline.checkpoint.host_copy import HostPool
 from pipeline.checkpoint.read_ahead import ReadAhead
 from pipeline.checkpoint.writer import AsyncSaver
 from pipeline.dist.rendezvous import destroy_group, pick_master
-from tests.checkpoint.test_read_ahead import drafter_worker
+from tests.checkpoint.test_read_ahead import drafter_worker, saved_by_a_drafter
 
 
 def _model(device):
@@ -58,19 +58,7 @@ def test_a_restarted_drafter_reads_ahead_pageable_and_pins_its_save_buffers_afte
     """The worker reads ahead into pageable memory (pinning beside the build stalled it), so
     none of the read tensors may become a save buffer on CUDA: after the load the pool pins
     one buffer per state tensor itself."""
-    first = drafter_worker(random_target_dir, target_config, device=device)
-    master = pick_master()
-    first.init_group(master.addr, master.port)
-    try:
-        with torch.no_grad():
-            for p in first.trainer.model.parameters():
-                p.add_(torch.randn_like(p))
-        sharded.init_optimizer_state(first.trainer.optimizer)
-        first.save_checkpoint(str(tmp_path))
-        (done,) = first.wait_saves()
-        assert done.error is None
-    finally:
-        destroy_group()
+    first = saved_by_a_drafter(tmp_path, random_target_dir, target_config, device)
     second = drafter_worker(random_target_dir, target_config, checkpoint=str(tmp_path),
                             device=device)
     master = pick_master()
