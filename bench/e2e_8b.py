@@ -20,7 +20,7 @@ title, ``ray::DrafterWorker``). It writes ``<out>/h200_e2e_8b.json``:
   memory and GPU (what a new drafter on that GPU waits for at least);
   ``after_restart_step_times_s``: the first twenty steps' times after the restart, and
   ``after_restart_excess_s``: how much longer than the median step the second to twentieth
-  took together (the first compiles; the save buffers are pinned in the background after it);
+  took together (the first compiles; the writing rank pins its save buffers from the load on);
   ``restart_parts_s``: the restart's parts as its log line gives them (drafters killed and
   data re-planned, drafters built, process group and rings, checkpoint loaded);
   ``drafter_starts_s``: drafter rank 0's start-ups (the job's, then the restart's), each the
