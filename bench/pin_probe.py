@@ -115,31 +115,31 @@ def child(way: str, loop: bool, gb: float, count: int, device: str) -> dict:
             box["error"] = exc
         box["window"] = (t0, time.perf_counter())
 
+    def timed_step() -> None:
+        s = time.perf_counter()
+        step()
+        steps.append((s, time.perf_counter()))
+
     if loop:
         for _ in range(5):
             step()  # warm
         t_end = time.perf_counter() + 2.0
         while time.perf_counter() < t_end:
-            s = time.perf_counter()
-            step()
-            steps.append((s, time.perf_counter()))
+            timed_step()
         median = statistics.median(e - s for s, e in steps)
         thread = threading.Thread(target=pin, name="pin")
         thread.start()
         while thread.is_alive() or time.perf_counter() < box["window"][1] + 0.5:  # and after
-            s = time.perf_counter()
-            step()
-            steps.append((s, time.perf_counter()))
+            timed_step()
         thread.join()
-        if "error" in box:
-            raise box["error"]
+    else:
+        pin()
+    if "error" in box:
+        raise box["error"]
+    if loop:
         total, longest, n = excess(steps, box["window"], median)
         result.update(median_step_ms=median * 1e3, steps_beside=n, excess_s=total,
                       longest_step_ms=longest * 1e3)
-    else:
-        pin()
-        if "error" in box:
-            raise box["error"]
     result["pin_s"] = box["window"][1] - box["window"][0]
     tensors = box["tensors"]
     if way != "pageable":

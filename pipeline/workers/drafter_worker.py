@@ -136,7 +136,8 @@ class DrafterWorker:
         does not pay for them inside the step loop."""
         pool = None
         if self.trainer.sharded is not None or self.rank == 0:
-            # A checkpoint being read ahead is loaded first: its tensors join the pool then.
+            # A checkpoint being read ahead is loaded first, and the pool fills after it: on
+            # the host the read tensors join it; on CUDA (read pageable) it pins its own.
             pool = HostPool(self._checkpoint_specs(), pin=self.device.type == "cuda",
                             fill=self.read_ahead is None)
         return AsyncSaver(pool, group, owner=self.rank == 0, threads=write_threads)
