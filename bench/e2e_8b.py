@@ -241,7 +241,7 @@ def _summarise(times: dict, rows: list[dict], log_text: str, samples_per_step: i
         "kill_to_training_s": after_kill[0]["time"] - killed if after_kill else None,
         "after_restart_step_times_s": [r["perf/step_time_s"] for r in after_kill[:AFTER]],
         "after_restart_excess_s": sum(max(0.0, r["perf/step_time_s"] - median_step)
-                                      for r in after_kill[1:AFTER]),
+                                      for r in after_kill[1:AFTER]) if after_kill else None,
         "killed_drafter_gone_s": times.get("gone_s"),
         "restart_parts_s": _restart_parts(log_text),
         "drafter_starts_s": _drafter_starts(log_text),

@@ -149,3 +149,7 @@ def test_the_steps_after_a_restart_are_listed_and_their_excess_summed():
     assert out["after_restart_step_times_s"] == [9.0, 0.9, 0.8] + [0.5] * 17
     assert abs(out["after_restart_excess_s"] - 0.7) < 1e-9
     assert abs(out["checkpoint_step_excess_s"] - 1.0) < 1e-9  # the first pass's step 101
+    # No kill, no restart: no figure, rather than an excess of 0.
+    out = _summarise({**times, "killed_at": None}, rows, LOG, samples_per_step=8,
+                     loss_rtol=1e-3)
+    assert out["after_restart_step_times_s"] == [] and out["after_restart_excess_s"] is None
