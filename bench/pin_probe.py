@@ -11,13 +11,15 @@ drafter's CUDA context is fresh too), twice: alone, and from a background thread
 loop on the main thread that launches a step's worth of GPU work (matmuls and many small
 kernels) and waits for it, as the drafter's step loop does. Ways:
 
-* ``alloc``: ``torch.empty(..., pin_memory=True)``, as the host pool allocates today;
+* ``alloc``: ``torch.empty(..., pin_memory=True)`` on the default allocator (cudaHostAlloc),
+  as the host pool allocated before 2026-12-06;
 * ``register``: pageable tensors, then ``cudaHostRegister`` on each in place;
 * ``register_filled``: the same on tensors already filled (their pages resident), as a
   read-ahead leaves them: pinning the read tensors instead of new ones;
 * ``host_register_alloc``: ``torch.empty(..., pin_memory=True)`` with
   ``PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:8``
-  (torch's allocator touches the pages on 8 threads, then registers them);
+  (torch's allocator touches the pages on 8 threads, then registers them): what every actor
+  starts with since (pipeline.ray_start.HOST_REGISTER_CONF);
 * ``pageable`` (the baseline, and the only way on CPU): ``torch.empty`` alone.
 
 Per way: ``pin_s`` (the pinning's wall time), the loop's median step before it, and
@@ -38,8 +40,9 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.ray_start import HOST_REGISTER_CONF  # what every actor starts with
+
 WAYS = ("alloc", "register", "register_filled", "host_register_alloc", "pageable")
-HOST_REGISTER_CONF = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 
 
 def excess(steps: list[tuple[float, float]], window: tuple[float, float],

@@ -1,9 +1,10 @@
-"""Every actor gets persistent compile caches, and the user's own cache settings win; an
-actor sees actor_env() whether its worker inherited it or got it as a runtime_env."""
+"""Every actor gets persistent compile caches and pins host memory through the host-register
+allocator, and the user's own settings win; an actor sees actor_env() whether its worker
+inherited it or got it as a runtime_env."""
 
 import pytest
 
-from pipeline.ray_start import actor_env
+from pipeline.ray_start import HOST_REGISTER_CONF, actor_env
 
 
 def test_actors_share_a_persistent_compile_cache(monkeypatch):
@@ -22,6 +23,21 @@ def test_actors_show_no_progress_bars_unless_asked(monkeypatch):
     assert actor_env()["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
     assert actor_env()["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_actors_pin_through_host_register_added_to_the_users_allocator_settings(monkeypatch):
+    for key in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(key, raising=False)
+    assert actor_env()["PYTORCH_CUDA_ALLOC_CONF"] == HOST_REGISTER_CONF
+    assert "PYTORCH_ALLOC_CONF" not in actor_env()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert actor_env()["PYTORCH_CUDA_ALLOC_CONF"] == \
+        f"expandable_segments:True,{HOST_REGISTER_CONF}"
+    # A pinned-memory setting of the user's own is theirs to keep.
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "pinned_use_cuda_host_register:False")
+    assert actor_env()["PYTORCH_CUDA_ALLOC_CONF"] == "pinned_use_cuda_host_register:False"
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    assert actor_env()["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
 
 
 class _Env:

@@ -98,9 +98,9 @@ class DrafterWorker:
         Into pageable memory: pinning 12.6 GB in a fresh process stalls whatever runs beside
         it. Read pinned, it held the drafter's build (8B on an H100, 2026-12-06: build 5-9.5 s
         against 0.7 s); read pageable, the save buffers are pinned after the load
-        (:meth:`load_checkpoint`) and hold the first step instead (~5 s), or the second when
-        begun after the first. A lost drafter trains again after ~26 s either way; the
-        pinned allocation itself is what is left to make cheaper (docs/BENCHMARKS.md)."""
+        (:meth:`load_checkpoint`), through the host-register allocator every actor starts
+        with (pipeline.ray_start.HOST_REGISTER_CONF), which lets the first step run beside
+        the pinning (with cudaHostAlloc it held that step ~5 s; docs/BENCHMARKS.md)."""
         if checkpoint is None or options.parallel == "fsdp":
             return None
         from pipeline.checkpoint.read_ahead import ReadAhead  # imports DCP: see the top
