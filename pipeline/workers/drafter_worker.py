@@ -99,8 +99,9 @@ class DrafterWorker:
         it. Read pinned, it held the drafter's build (8B on an H100, 2026-12-06: build 5-9.5 s
         against 0.7 s); read pageable, the save buffers are pinned after the load
         (:meth:`load_checkpoint`), through the host-register allocator every actor starts
-        with (pipeline.ray_start.HOST_REGISTER_CONF), which lets the first step run beside
-        the pinning (with cudaHostAlloc it held that step ~5 s; docs/BENCHMARKS.md)."""
+        with (pipeline.ray_start.HOST_REGISTER_CONF): with cudaHostAlloc the pinning held
+        that step ~5 s, and bench.pin_probe found the host-register allocator holds a GPU
+        loop beside it not at all (docs/BENCHMARKS.md, 2026-12-06)."""
         if checkpoint is None or options.parallel == "fsdp":
             return None
         from pipeline.checkpoint.read_ahead import ReadAhead  # imports DCP: see the top
