@@ -1,9 +1,11 @@
-"""Build the tiny assets once per machine and hand out their paths.
+"""Copy (or build) the tiny assets once per machine and hand out their paths.
 
 The directory is ``$DFLASH_ASSETS_DIR`` if set, else ``~/.cache/dflash-pipeline/<ASSETS_VERSION>``.
 Concurrent callers are safe: a file lock lets one process build while the others wait, and the
 build happens in a temporary sibling directory that is renamed into place only when complete,
-so a half-built directory is never visible under the final name.
+so a half-built directory is never visible under the final name. A fresh directory gets the
+build shipped with the package where it is this code's (pipeline/assets/shipped.py), else a
+build of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Iterator, Optional
 from pipeline.assets.build import MANIFEST, TARGET_DIR, build_tiny_assets
 from pipeline.assets.chat_data import DATA_FILES
 from pipeline.assets.recipe import ASSETS_VERSION, TinyRecipe
+from pipeline.assets.shipped import copy_shipped
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +84,16 @@ def _build_atomically(root: str) -> None:
     if os.path.exists(root) and os.listdir(root):
         raise ValueError(f"{root} exists but holds no finished asset build ({MANIFEST} is "
                          f"missing); delete it or set {ENV_VAR} to another directory")
-    log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.building-",
                            dir=os.path.dirname(root))
     try:
+        if copy_shipped(tmp):
+            os.rename(tmp, root)  # atomic; replaces an empty directory left by a caller
+            log.info("copied the tiny demo assets shipped with the package into %s", root)
+            return
+        log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
         manifest = build_tiny_assets(tmp)
-        os.rename(tmp, root)  # atomic; replaces an empty directory left by a caller
+        os.rename(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

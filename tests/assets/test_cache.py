@@ -27,6 +27,7 @@ def fake_build(monkeypatch):
         return {"build_time_s": 0.2}
 
     monkeypatch.setattr(cache, "build_tiny_assets", build)
+    monkeypatch.setattr(cache, "copy_shipped", lambda dest: False)  # the build path itself
     return calls
 
 
@@ -58,6 +59,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(cache, "build_tiny_assets", broken)
+    monkeypatch.setattr(cache, "copy_shipped", lambda dest: False)
     with pytest.raises(RuntimeError, match="boom"):
         ensure_tiny_assets(str(tmp_path / "tiny"))
     assert os.listdir(tmp_path) == ["tiny.lock"]
