@@ -19,8 +19,10 @@ def test_the_pageable_way_runs_on_cpu_with_and_without_the_loop(loop):
     got = child("pageable", loop, gb=0.004, count=4, device="cpu")
     assert got["way"] == "pageable" and got["pin_s"] >= 0
     if loop:
-        assert got["median_step_ms"] > 0 and got["steps_beside"] >= 1
-        assert got["excess_s"] >= 0 and got["longest_step_ms"] > 0
+        # How many steps overlap the pinning is the machine's timing: 4 MB of pageable memory
+        # may be allocated between two steps (none overlaps, and none ran long).
+        assert got["median_step_ms"] > 0 and got["steps_beside"] >= 0 and got["excess_s"] >= 0
+        assert (got["steps_beside"] == 0) == (got["longest_step_ms"] == 0)
     else:
         assert "excess_s" not in got
 
