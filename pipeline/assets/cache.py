@@ -17,12 +17,12 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from pipeline.assets.build import MANIFEST, TARGET_DIR, build_tiny_assets
 from pipeline.assets.chat_data import DATA_FILES
-from pipeline.assets.recipe import ASSETS_VERSION, TinyRecipe
+from pipeline.assets.recipe import ASSETS_VERSION, recipe_changes
 from pipeline.assets.shipped import copy_shipped
 
 log = logging.getLogger(__name__)
@@ -87,17 +87,18 @@ def _build_atomically(root: str) -> None:
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.building-",
                            dir=os.path.dirname(root))
     try:
-        if copy_shipped(tmp):
-            os.rename(tmp, root)  # atomic; replaces an empty directory left by a caller
-            log.info("copied the tiny demo assets shipped with the package into %s", root)
-            return
-        log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
-        manifest = build_tiny_assets(tmp)
-        os.rename(tmp, root)
+        copied = copy_shipped(tmp)
+        if not copied:
+            log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
+            manifest = build_tiny_assets(tmp)
+        os.rename(tmp, root)  # atomic; replaces an empty directory left by a caller
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("built the tiny assets in %.1f s: %s", manifest["build_time_s"], root)
+    if copied:
+        log.info("copied the tiny demo assets shipped with the package into %s", root)
+    else:
+        log.info("built the tiny assets in %.1f s: %s", manifest["build_time_s"], root)
 
 
 def _check_version(root: str) -> None:
@@ -109,11 +110,9 @@ def _check_version(root: str) -> None:
     if version != ASSETS_VERSION:
         raise ValueError(f"{root} holds tiny assets version {version!r}, this code needs "
                          f"{ASSETS_VERSION!r}; delete the directory to rebuild it")
-    built = manifest.get("recipe") or {}
-    wanted = json.loads(json.dumps(asdict(TinyRecipe())))  # tuples as JSON lists
-    changed = sorted(k for k in built.keys() | wanted.keys() if built.get(k) != wanted.get(k))
+    changed = recipe_changes(manifest)
     if changed:
-        diff = ", ".join(f"{k} {built.get(k)!r} -> {wanted.get(k)!r}" for k in changed)
+        diff = ", ".join(f"{k} {built!r} -> {wanted!r}" for k, (built, wanted) in changed.items())
         raise ValueError(f"{root} holds tiny assets {version!r} of another recipe ({diff}); "
                          f"delete the directory to rebuild it (a recipe change must bump "
                          f"ASSETS_VERSION in pipeline/assets/recipe.py)")

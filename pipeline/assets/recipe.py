@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
 # Bump when the recipe or the code that follows it changes what gets built: the cache
 # directory is named after it, so an old build is never mistaken for a new one.
@@ -57,3 +58,12 @@ class TinyRecipe:
     # A drafter with block size 16 needs 2*16 supervised tokens per sample.
     min_assistant_tokens: int = 32
     generate_batch_size: int = 512
+
+
+def recipe_changes(manifest: dict) -> dict[str, tuple]:
+    """The recipe fields a build's ``manifest`` records otherwise than this code's recipe:
+    name -> (built, wanted), compared as the manifest stores them (tuples as JSON lists)."""
+    built = manifest.get("recipe") or {}
+    wanted = json.loads(json.dumps(asdict(TinyRecipe())))
+    return {k: (built.get(k), wanted.get(k)) for k in sorted(built.keys() | wanted.keys())
+            if built.get(k) != wanted.get(k)}

@@ -19,11 +19,10 @@ import logging
 import os
 import shutil
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from pipeline.assets.recipe import ASSETS_VERSION, TinyRecipe
+from pipeline.assets.recipe import ASSETS_VERSION, recipe_changes
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,7 @@ def why_unusable(folder: Path) -> Optional[str]:
     if not manifest.is_file():
         return f"no shipped build of {ASSETS_VERSION} in {folder.parent}"
     built = json.loads(manifest.read_text())
-    wanted = json.loads(json.dumps(asdict(TinyRecipe())))  # tuples as JSON lists
-    if built.get("version") != ASSETS_VERSION or built.get("recipe") != wanted:
+    if built.get("version") != ASSETS_VERSION or recipe_changes(built):
         return f"the shipped build in {folder} is of another version or recipe"
     sums = dict(line.split("  ", 1)[::-1] for line in (folder / SUMS).read_text().splitlines()
                 if line) if (folder / SUMS).is_file() else {}
