@@ -14,12 +14,16 @@ python3 -m venv .venv
 py=.venv/bin/python
 torch_spec=${TORCH_SPEC:-torch==2.13.0}
 
+# Torch first and on its own, so the project's range does not pull a multi-GB CUDA build;
+# then the project. "$@" is the installer's command line.
+install() {
+    $py -c "import torch" 2>/dev/null || "$@" "$torch_spec" || return
+    "$@" -e ".[dev]"
+}
+
 # pip's way: a minute on a 2-core machine, most of it unpacking wheels one at a time.
-# Torch first and on its own, so the project's range does not pull a multi-GB CUDA build.
 with_pip() {
-    $py -m pip install -q --upgrade pip
-    $py -c "import torch" 2>/dev/null || $py -m pip install -q "$torch_spec"
-    $py -m pip install -q -e ".[dev]"
+    $py -m pip install -q --upgrade pip && install $py -m pip install -q
 }
 
 # uv installs the same packages (the same resolution, checked against pip's) in 39 s where
@@ -33,9 +37,7 @@ with_uv() {
     local links=${PIP_FIND_LINKS:-$($py -m pip config get global.find-links 2>/dev/null || true)}
     local args=(--quiet --compile-bytecode --python "$py")
     for dir in $links; do args+=(--find-links "$dir"); done
-    $py -c "import torch" 2>/dev/null || .venv/bin/uv pip install "${args[@]}" "$torch_spec" \
-        || return
-    .venv/bin/uv pip install "${args[@]}" -e ".[dev]"
+    install .venv/bin/uv pip install "${args[@]}"
 }
 
 if [ "$installer" = pip ]; then
