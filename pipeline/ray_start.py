@@ -20,6 +20,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import pipeline
+from pipeline import startup_gc
 
 # Environment every actor must see: our package on the path, and the GPU machine's NCCL
 # safety settings (NVLink multicast off) also where Ray starts workers with a fresh env.
@@ -77,7 +78,7 @@ def actor_env() -> dict[str, str]:
     # weights" on every target and evaluator load) reaches the user as a garbled line of
     # carriage returns. Set it to 0 to see the bars.
     env = {"PYTHONPATH": path, "HF_HUB_DISABLE_PROGRESS_BARS": "1", **compile_cache_env(),
-           **alloc_conf_env()}
+           **alloc_conf_env(), startup_gc.ENV_VAR: "1"}
     env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
     return env
 
@@ -200,13 +201,15 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
 
 @functools.cache
 def _actor_class(cls: type) -> type:
-    """``cls`` with one thing done first in the actor's process: :func:`exit_on_swallowed_sigterm`
-    as its ``sys.unraisablehook``. The subclass keeps ``cls``'s name (Ray's ``ray::<name>``
+    """``cls`` with one thing done first in the actor's process, :func:`exit_on_swallowed_sigterm`
+    as its ``sys.unraisablehook``, and one after its constructor: full garbage collections,
+    deferred while the actor imported and built (:mod:`pipeline.startup_gc`), come back. The subclass keeps ``cls``'s name (Ray's ``ray::<name>``
     process title) and pickles by value, so workers need nothing new to import it."""
 
     def __init__(self: Any, **kwargs: Any) -> None:
         sys.unraisablehook = exit_on_swallowed_sigterm
         cls.__init__(self, **kwargs)
+        startup_gc.started()
 
     actor = type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__,
                                         "__module__": cls.__module__})

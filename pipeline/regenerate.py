@@ -32,12 +32,17 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from pipeline.data.config import FORMATS, ON_BAD_LINE
-from pipeline.gpu_oom import gpu_oom_line
-from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES
-from pipeline.regen.config import DEVICES, DTYPES, RegenConfig
-from pipeline.regen.static_attention import CHOICES as ATTENTIONS
-from pipeline.regen.runner import execute, prepare
+from pipeline import startup_gc
+
+if __name__ == "__main__":  # before the imports below (torch, Triton): until main read the input
+    startup_gc.defer_full_collections()
+
+from pipeline.data.config import FORMATS, ON_BAD_LINE  # noqa: E402
+from pipeline.gpu_oom import gpu_oom_line  # noqa: E402
+from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES  # noqa: E402
+from pipeline.regen.config import DEVICES, DTYPES, RegenConfig  # noqa: E402
+from pipeline.regen.static_attention import CHOICES as ATTENTIONS  # noqa: E402
+from pipeline.regen.runner import execute, prepare  # noqa: E402
 
 # One source of defaults: the flags show RegenConfig's.
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RegenConfig)}
@@ -128,6 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plan = prepare(RegenConfig(**args))
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    startup_gc.started()
     try:
         summary = execute(plan)
     except Exception as e:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import hydra
 
+from pipeline import startup_gc
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.diskfull import disk_full_headline
 from pipeline.driver.runlock import RunLock
@@ -101,6 +102,7 @@ def _driver(job) -> Driver:
 
 
 if __name__ == "__main__":
+    startup_gc.defer_full_collections()  # until the job trains (Driver._run)
     try:  # a config mistake in one line before Hydra, whose own report is several
         check_command_line(sys.argv[1:])
     except ValueError as e:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import hydra
 
+from pipeline import startup_gc
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
@@ -36,6 +37,7 @@ def main(cfg) -> None:
         with RunLock(job.train.out_dir):  # its metrics.jsonl and export/ are this job's
             _refuse_checkpoints(job.train.out_dir)
             trainer = SingleProcessTrainer(job)
+            startup_gc.started()  # the reference trainer built: its imports are done
             _train(trainer)
     except ValueError as e:  # PreflightError included: a config, file, data or folder mistake
         log.error("%s", e)  # one line, no traceback
@@ -69,6 +71,7 @@ def _train(trainer: SingleProcessTrainer) -> None:
 
 
 if __name__ == "__main__":
+    startup_gc.defer_full_collections()  # until the trainer is built (main)
     try:  # a config mistake in one line before Hydra, whose own report is several
         check_command_line(sys.argv[1:])
     except ValueError as e:

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 from ray.exceptions import RayError
 
 from pipeline import checkpoint as ckpt
+from pipeline import startup_gc
 from pipeline.checkpoint import CheckpointSaves
 from pipeline.resume_contract import KEY as CONTRACT_KEY
 from pipeline.resume_contract import Contract, check_resume
@@ -163,6 +164,7 @@ class Driver:
             return self._idle(summary, f"the plan has no steps left after step "
                                        f"{plan.first_step}")
         metrics = MetricsLogger(job, self.out_dir, resumed=self.resume is not None)
+        startup_gc.started()  # a command line's driver: its imports are done
         try:
             # tau before training runs beside the first steps, not ahead of them.
             start_calls = [self._tau_before(actors, metrics, summary)] \
