@@ -2,9 +2,10 @@
 
 Importing torch (with dynamo), transformers and Ray makes some 360k tracked objects. Under the
 default thresholds Python runs six full collections meanwhile, each a walk over every object
-made so far, though none of it is garbage: 0.6-0.8 CPU-s of a 3.2 CPU-s start-up (Python 3.11,
-the developers' machine, 2026-12-06; ``bench/startup_gc.py``). Every actor pays it, on every
-start and restart, and the CPU test suite starts about 240 of them on 2 cores.
+made so far, though none of it is garbage: 0.8 CPU-s of a 3.5 CPU-s start-up with CPU torch
+(Python 3.11, the developers' machine), 0.34 of 9.6 with CUDA torch (Python 3.12, an H100),
+2026-12-06, ``bench/startup_gc.py``. Every actor pays it, on every start and restart, and the
+CPU test suite starts about 240 of them on 2 cores.
 
 So a process we start defers full collections (the young generations are still collected)
 until :func:`started`, which puts Python's thresholds back: the first full collection then
