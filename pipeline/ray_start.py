@@ -203,8 +203,9 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
 def _actor_class(cls: type) -> type:
     """``cls`` with one thing done first in the actor's process, :func:`exit_on_swallowed_sigterm`
     as its ``sys.unraisablehook``, and one after its constructor: full garbage collections,
-    deferred while the actor imported and built (:mod:`pipeline.startup_gc`), come back. The subclass keeps ``cls``'s name (Ray's ``ray::<name>``
-    process title) and pickles by value, so workers need nothing new to import it."""
+    deferred while the actor imported and built (:mod:`pipeline.startup_gc`), come back. The
+    subclass keeps ``cls``'s name (Ray's ``ray::<name>`` process title) and pickles by value,
+    so workers need nothing new to import it."""
 
     def __init__(self: Any, **kwargs: Any) -> None:
         sys.unraisablehook = exit_on_swallowed_sigterm

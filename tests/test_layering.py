@@ -34,9 +34,9 @@ import pipeline
 PACKAGE = Path(pipeline.__file__).resolve().parent
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__.py", "startup_gc.py", "validate.py", "dtypes.py", "diskfull.py", "preflight.py",
-              "config_keys.py", "wandb_env.py", "ray_start.py", "error_chain.py", "dist",
-              "serving"}),
+    ("base", {"__init__.py", "startup_gc.py", "validate.py", "dtypes.py", "diskfull.py",
+              "preflight.py", "config_keys.py", "wandb_env.py", "ray_start.py", "error_chain.py",
+              "dist", "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),
     ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py",

@@ -60,12 +60,12 @@ def test_actors_see_actor_env_with_or_without_a_runtime_env(ray_session, monkeyp
     inherits actor_env() and needs no runtime_env; a variable changed since is passed."""
     import ray
 
-    from pipeline import ray_start
+    from pipeline import ray_start, startup_gc
 
     assert ray_start._runtime_env() is None
     # (all but the start-up's garbage-collection request, which the actor consumes:
     # tests/test_startup_gc.py)
-    keys = sorted(k for k in actor_env() if k != "DFLASH_DEFER_FULL_GC")
+    keys = sorted(k for k in actor_env() if k != startup_gc.ENV_VAR)
     first = ray_start.start_actor(_Env, ray_start.Placement(cpus=0.1))
     monkeypatch.setenv("WANDB_MODE", "offline-from-the-test")
     assert ray_start._runtime_env() == {"env_vars": actor_env()}
