@@ -10,6 +10,14 @@ becomes an actor). Prints one line per kind, most CPU first, then the total and 
 machine's busy CPU-seconds from /proc/stat over the same time. A process that lives less
 than one interval may be missed; one that existed before the command counts from its first
 sample only.
+
+``--by-test N`` (around a pytest run) adds the N test files that cost most, counting every
+process a test started: its CLI runs, their Ray clusters and actors, its bench subprocesses
+(a process belongs to the test named in the PYTEST_CURRENT_TEST it inherited at its start).
+Actors of a pytest worker's own long-lived cluster would all inherit the test that started the
+cluster, so they are summed apart, as that worker's cluster.
+
+    python -m bench.process_cpu --by-test 30 -- .venv/bin/python -m pytest -q -n 2 --dist loadgroup
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ KINDS = ("ray::TargetWorker", "ray::DrafterWorker", "ray::Prefetcher", "ray::Eva
          "raylet/raylet", "gcs_server", "torch_shm_manager", "-m pipeline.train_single",
          "-m pipeline.train", "-m pipeline.regenerate", "-m pipeline.export", "-m bench.",
          "default_worker.py", "pytest", "-c import sys;exec(eval(sys.stdin.readline()))")
+# Ray's own processes that the process calling ray.init starts for a local cluster.
+RAY_OWN = {"raylet", "gcs_server", "dashboard.py", "Ray autoscaler monitor", "log_monitor.py"}
+PYTEST = {"pytest-xdist worker", "pytest"}
 # Plainer names for some of them.
 LABELS = {"-c import sys;exec(eval(sys.stdin.readline()))": "pytest-xdist worker",
           "default_worker.py": "Ray worker (not yet an actor)", "ray::": "ray:: (tasks)",
@@ -43,7 +54,8 @@ def kind_of(cmdline: str) -> str:
 
 
 def _sample(seen: dict, tick: float) -> None:
-    """Update ``seen`` {(pid, start): [first cpu, last cpu, cmdline]} from /proc."""
+    """Update ``seen`` {(pid, start): [first cpu, last cpu, cmdline, parent pid, test]} from
+    /proc (the test: PYTEST_CURRENT_TEST as the process started with it, or "")."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -60,17 +72,55 @@ def _sample(seen: dict, tick: float) -> None:
             seen[key][1] = cpu
             seen[key][2] = cmdline or seen[key][2]
         else:
-            seen[key] = [cpu, cpu, cmdline]
+            seen[key] = [cpu, cpu, cmdline, fields[1], _test_of(pid)]
+
+
+def _test_of(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return ""
+    name = b"PYTEST_CURRENT_TEST="
+    return next((e[len(name):].decode(errors="replace") for e in env if e.startswith(name)), "")
 
 
 def by_kind(seen: dict) -> tuple[Counter, Counter]:
     """CPU-seconds and process counts per kind (only CPU used while sampled)."""
     cpu, count = Counter(), Counter()
-    for first, last, cmdline in seen.values():
+    for first, last, cmdline, *_ in seen.values():
         kind = kind_of(cmdline)
         cpu[kind] += last - first
         count[kind] += 1
     return cpu, count
+
+
+def by_test(seen: dict) -> Counter:
+    """CPU-seconds per test file (see the module's docstring), the pytest workers' own Ray
+    clusters and what ran outside any test under their own names."""
+    by_pid = {pid: entry for (pid, _), entry in seen.items()}
+
+    def shared_cluster(entry: list) -> Optional[str]:
+        # Up the parents to the one a pytest-xdist worker started: if that is one of Ray's own
+        # (the raylet, under which the actors run, or the GCS, dashboard, monitors), the
+        # process belongs to the worker's cluster.
+        for _ in range(8):
+            parent = by_pid.get(entry[3])
+            if parent is None:
+                return None
+            if kind_of(parent[2]) in PYTEST:
+                return (f"the Ray cluster of pytest worker {entry[3]}"
+                        if kind_of(entry[2]) in RAY_OWN else None)
+            entry = parent
+        return None
+
+    cpu: Counter = Counter()
+    for entry in seen.values():
+        first, last, cmdline, _, test = entry
+        group = shared_cluster(entry) or (test.split("::")[0] if test else
+                                          f"(no test) {kind_of(cmdline)}")
+        cpu[group] += last - first
+    return cpu
 
 
 def _busy_jiffies() -> Optional[int]:
@@ -85,6 +135,8 @@ def _busy_jiffies() -> Optional[int]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--every", type=float, default=0.3, help="seconds between samples")
+    parser.add_argument("--by-test", type=int, default=0, metavar="N",
+                        help="also the N test files that cost most (around a pytest run)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -106,6 +158,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     for kind, seconds in cpu.most_common():
         if seconds >= 0.05:
             print(f"{seconds:9.1f} CPU-s {count[kind]:5d} processes  {kind}")
+    if args.by_test:
+        print("by test file:")
+        for group, seconds in by_test(seen).most_common(args.by_test):
+            print(f"{seconds:9.1f} CPU-s  {group}")
     print(f"{sum(cpu.values()):9.1f} CPU-s in all, sampled; wall {wall:.1f} s")
     if busy0 is not None and busy1 is not None:
         print(f"{(busy1 - busy0) / tick:9.1f} CPU-s busy on the machine (/proc/stat), "
