@@ -96,14 +96,14 @@ def by_kind(seen: dict) -> tuple[Counter, Counter]:
 
 
 def by_test(seen: dict) -> Counter:
-    """CPU-seconds per test file (see the module's docstring), the pytest workers' own Ray
-    clusters and what ran outside any test under their own names."""
+    """CPU-seconds per test file (see the module's docstring), per pytest worker's own Ray
+    cluster, and per kind of process for what started outside any test."""
     by_pid = {pid: entry for (pid, _), entry in seen.items()}
 
     def shared_cluster(entry: list) -> Optional[str]:
-        # Up the parents to the one a pytest-xdist worker started: if that is one of Ray's own
-        # (the raylet, under which the actors run, or the GCS, dashboard, monitors), the
-        # process belongs to the worker's cluster.
+        # Up the parents to the one pytest started (an xdist worker, or pytest itself without
+        # -n): if that is one of Ray's own (the raylet, under which the actors run, or the GCS,
+        # dashboard, monitors), the process belongs to that worker's cluster.
         for _ in range(8):
             parent = by_pid.get(entry[3])
             if parent is None:
