@@ -142,6 +142,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command after --")
+    if args.by_test < 0:
+        parser.error(f"--by-test {args.by_test}: give a number of test files, 1 or more "
+                     "(0, the default, leaves the table out)")
     tick = float(os.sysconf("SC_CLK_TCK"))
     seen: dict = {}
     _sample(seen, tick)

@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from bench.process_cpu import by_kind, by_test, kind_of, main
 
 WORKER = ("/venv/bin/python /venv/lib/python3.11/site-packages/ray/_private/workers/"
@@ -58,3 +60,9 @@ def test_by_test_names_this_test_s_file(capsys):
     out = capsys.readouterr().out
     assert code == 0 and "by test file:" in out
     assert "tests/bench/test_process_cpu.py" in out.split("by test file:")[1], out
+
+
+def test_a_negative_by_test_is_refused(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["--by-test", "-1", "--", sys.executable, "-c", "pass"])
+    assert ended.value.code == 2 and "--by-test -1" in capsys.readouterr().err
