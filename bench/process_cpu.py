@@ -32,17 +32,19 @@ from typing import Optional
 
 # Kinds, matched in this order against a process's command line (first match wins).
 KINDS = ("ray::TargetWorker", "ray::DrafterWorker", "ray::Prefetcher", "ray::EvalWorker",
-         "ray::StageWorker", "ray::RegenWorker", "ray::DashboardAgent", "ray::RuntimeEnvAgent",
-         "ray::IDLE", "ray::", "dashboard.py", "autoscaler/_private/monitor.py", "log_monitor.py",
-         "raylet/raylet", "gcs_server", "torch_shm_manager", "-m pipeline.train_single",
-         "-m pipeline.train", "-m pipeline.regenerate", "-m pipeline.export", "-m bench.",
-         "default_worker.py", "pytest", "-c import sys;exec(eval(sys.stdin.readline()))")
+         "ray::TargetStageWorker", "ray::GeneratorWorker", "ray::DashboardAgent",
+         "ray::RuntimeEnvAgent", "ray::IDLE", "ray::", "dashboard.py",
+         "autoscaler/_private/monitor.py", "log_monitor.py", "raylet/raylet", "gcs_server",
+         "torch_shm_manager", "-m pipeline.train_single", "-m pipeline.train",
+         "-m pipeline.regenerate", "-m pipeline.export", "-m bench.", "default_worker.py",
+         "pytest", "-c import sys;exec(eval(sys.stdin.readline()))")
 # Ray's own processes that the process calling ray.init starts for a local cluster.
 RAY_OWN = {"raylet", "gcs_server", "dashboard.py", "Ray autoscaler monitor", "log_monitor.py"}
 PYTEST = {"pytest-xdist worker", "pytest"}
 # Plainer names for some of them.
 LABELS = {"-c import sys;exec(eval(sys.stdin.readline()))": "pytest-xdist worker",
-          "default_worker.py": "Ray worker (not yet an actor)", "ray::": "ray:: (tasks)",
+          "default_worker.py": "Ray worker (not yet an actor)",
+          "ray::": "ray:: (tasks, the tests' own actors)",
           "raylet/raylet": "raylet", "autoscaler/_private/monitor.py": "Ray autoscaler monitor"}
 
 

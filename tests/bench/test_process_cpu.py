@@ -13,7 +13,10 @@ WORKER = ("/venv/bin/python /venv/lib/python3.11/site-packages/ray/_private/work
 def test_kinds_follow_the_newest_command_line():
     assert kind_of(WORKER) == "Ray worker (not yet an actor)"
     assert kind_of("ray::DrafterWorker.forward_backward") == "ray::DrafterWorker"
-    assert kind_of("ray::collected") == "ray:: (tasks)"
+    assert kind_of("ray::collected") == "ray:: (tasks, the tests' own actors)"
+    # The pipeline's other actor classes by the names Ray gives their processes.
+    assert kind_of("ray::TargetStageWorker.forward") == "ray::TargetStageWorker"
+    assert kind_of("ray::GeneratorWorker.generate") == "ray::GeneratorWorker"
     assert kind_of("/venv/lib/ray/core/src/ray/raylet/raylet --raylet_socket_name=x") == "raylet"
     assert kind_of("/venv/bin/python -m pipeline.train_single x=1") == "-m pipeline.train_single"
     assert kind_of("/venv/bin/python -m pipeline.train x=1") == "-m pipeline.train"
