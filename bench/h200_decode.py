@@ -7,7 +7,7 @@
 On a device whose calls end at 600 s, the same runs in two calls adding to one JSON
 (``--part``, in either order; a new ``--out`` path for a new measurement):
 
-    python -m bench.h200_decode --part 2 --gguf ... --humaneval ... --out D.json --logs DIR
+    python -m bench.h200_decode --part 2 --out D.json --logs DIR     # no GGUF needed
     python -m bench.h200_decode --part 1 --gguf ... --humaneval ... --out D.json --logs DIR
 
 Runs, each in its own process (so one's memory and compiled graphs do not touch the next), in
@@ -351,14 +351,18 @@ def main(argv=None) -> dict:
         raise SystemExit(f"bench.h200_decode: --only {','.join(unknown)}: allowed {', '.join(plan)}")
     # A part adds its runs to those other parts left in --out (its own replace theirs).
     runs: dict = earlier_runs(args.out, args.scale) if args.part else {}
-    if args.scale == "h200" and (not args.gguf or not args.humaneval):
-        raise SystemExit("bench.h200_decode: --gguf and --humaneval are needed at --scale h200")
+    # Only SmolLM2's runs read the GGUF and HumanEval; part 2 (the 8B shape, random weights)
+    # runs without them, e.g. while the GGUF is still being carried over.
+    needing = [n for n in wanted if "{folder}" in plan[n][1] or "{humaneval}" in plan[n][1]]
+    if args.scale == "h200" and needing and (not args.gguf or not args.humaneval):
+        raise SystemExit(f"bench.h200_decode: --gguf and --humaneval are needed at --scale h200 "
+                         f"by {', '.join(needing)}")
     # The GGUF conversion (a minute of CPU) runs beside the runs that do not need it. It ends
     # before this function does, however it ends: transformers' loading patches process-wide
     # state (PreTrainedModel.tie_weights, torch's init functions) while it runs, and a
     # conversion left running beside the caller's own model loads (a test process's next
     # tests) left a tied head untied and on the meta device, and weights uninitialised.
-    needs_gguf = any("{folder}" in plan[n][1] or "{humaneval}" in plan[n][1] for n in wanted)
+    needs_gguf = bool(needing)
     with ThreadPoolExecutor(1) as pool:
         conversion = pool.submit(prepare_target if needs_gguf else lambda *_: None, args, logs)
         return _measure(args, plan, wanted, runs, conversion, logs, t0)

@@ -192,3 +192,17 @@ def test_each_part_adds_its_runs_to_one_file(tmp_path, monkeypatch):
     assert set(result["runs"]) == {"cpu_eval_equal", "smol_static"}
     assert result["eval_tau_equal"] is True  # the other part's figure, gathered again
     assert "budget left" in result["runs"]["smol_static"]["skipped"]
+
+
+def test_only_the_runs_that_read_the_gguf_ask_for_it(tmp_path):
+    """Part 2 (the 8B shape, random weights) runs without the GGUF and HumanEval, e.g. while
+    the GGUF is still being carried over; part 1 is refused naming the runs that read them."""
+    out, logs = tmp_path / "decode.json", ["--logs", str(tmp_path / "logs")]
+    with pytest.raises(SystemExit, match="needed at --scale h200 by smol_triton, smol_static"):
+        h200_decode.main(["--part", "1", "--out", str(out), *logs])
+    with pytest.raises(SystemExit) as ended:  # past the check: each run finds no budget left
+        h200_decode.main(["--part", "2", "--budget-s", "1", "--out", str(out), *logs])
+    assert "needed" not in str(ended.value)
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"q8b_static", "q8b_eval", "q8b_beside"}
+    assert all("budget left" in run["skipped"] for run in result["runs"].values())
