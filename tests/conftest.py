@@ -37,6 +37,27 @@ def pytest_sessionstart(session):
         ensure_tiny_assets()
 
 
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Under xdist, the machine's speed beside the suite's time: the CPU a fresh ``import
+    torch`` takes, measured once the tests are done. The suite is CPU-bound and most of its
+    processes pay that import, so its time follows this figure (the 2-core development
+    machine: 1.7 CPU-s at its usual speed, 2.1 in a slow stretch that took the suite from
+    about 12 to 14 minutes; docs/BENCHMARKS.md)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    import resource
+    import subprocess
+    import sys
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode == 0:
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        terminalreporter.write_line(f"machine speed: a fresh `import torch` took {cpu:.2f} "
+                                    "CPU-s (1.7 on the development machine at its usual speed)")
+
 # Module-scoped fixtures that cost nothing to build again on another xdist worker.
 _CHEAP_MODULE_FIXTURES = {"ray_session"}
 
