@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import sys
@@ -20,7 +21,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import pipeline
-from pipeline import startup_gc
+from pipeline import kept_actor, startup_gc
 
 # Environment every actor must see: our package on the path, and the GPU machine's NCCL
 # safety settings (NVLink multicast off) also where Ray starts workers with a fresh env.
@@ -187,6 +188,20 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     No concurrency options: the actor runs its methods one at a time on its main thread,
     where torch.compile's CUDA-graph state lives.
     """
+    pool = _live_pool()
+    key = (cls, placement.group.id.hex() if placement.group is not None else None,
+           placement.bundle, placement.cpus, placement.gpus)
+    idle = pool["actors"].get(key) if pool is not None else None
+    if idle:
+        handle = idle.pop()
+        try:
+            # Waited for: a constructor that fails here is run again in a new actor below,
+            # where it fails as any actor's does (the caller's error handling unchanged).
+            ray.get(handle.__rebuild__.remote(**kwargs))
+            pool["born"][handle._actor_id.hex()] = key
+            return handle
+        except Exception:
+            ray.kill(handle)
     options: dict[str, Any] = {"num_cpus": placement.cpus}
     runtime_env = _runtime_env()
     if runtime_env is not None:
@@ -196,7 +211,12 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     if placement.group is not None:
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             placement_group=placement.group, placement_group_bundle_index=placement.bundle)
-    return ray.remote(_actor_class(cls)).options(**options).remote(**kwargs)
+    if pool is not None:
+        kwargs["_kept"] = True
+    handle = ray.remote(_actor_class(cls)).options(**options).remote(**kwargs)
+    if pool is not None:
+        pool["born"][handle._actor_id.hex()] = key
+    return handle
 
 
 @functools.cache
@@ -207,13 +227,22 @@ def _actor_class(cls: type) -> type:
     subclass keeps ``cls``'s name (Ray's ``ray::<name>`` process title) and pickles by value,
     so workers need nothing new to import it."""
 
-    def __init__(self: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, _kept: bool = False, **kwargs: Any) -> None:
         sys.unraisablehook = exit_on_swallowed_sigterm
+        if _kept:
+            kept_actor.mark()
         cls.__init__(self, **kwargs)
         startup_gc.started()
 
-    actor = type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__,
-                                        "__module__": cls.__module__})
+    def __rebuild__(self: Any, **kwargs: Any) -> None:
+        """The same process as a new actor of ``cls`` (a kept actor, :func:`keep_actors`):
+        the old object's state dropped, the constructor run again."""
+        self.__dict__.clear()
+        gc.collect()
+        cls.__init__(self, **kwargs)
+
+    actor = type(cls.__name__, (cls,), {"__init__": __init__, "__rebuild__": __rebuild__,
+                                        "__doc__": cls.__doc__, "__module__": cls.__module__})
     actor.__qualname__ = cls.__qualname__
     return actor
 
@@ -254,5 +283,93 @@ def _as_task(fn: Callable[..., Any]) -> Any:
 
 
 def kill_actors(handles: list[Any]) -> None:
+    pool = _live_pool()
     for handle in handles:
+        if pool is not None:
+            pool["born"].pop(handle._actor_id.hex(), None)
         ray.kill(handle)
+
+
+# Actors kept across jobs of this process (keep_actors): idle ones by (class, placement group,
+# bundle, CPUs, GPUs), and the key each live one was started under.
+_pool: Optional[dict[str, Any]] = None
+
+
+def keep_actors() -> None:
+    """From now on in this process, actors a job closed cleanly are kept, with their placement
+    groups, for the next job that asks for the same class in the same place: their processes
+    (a Ray worker, torch and the model code imported) are built again in place instead of
+    started anew."""
+    global _pool
+    _pool = {"gcs": None, "actors": {}, "born": {}, "groups": {}}
+
+
+def _live_pool() -> Optional[dict[str, Any]]:
+    """The pool, emptied when Ray was started again since (its handles are gone)."""
+    if _pool is None or not ray.is_initialized():
+        return None
+    gcs = ray.get_runtime_context().gcs_address
+    if _pool["gcs"] != gcs:
+        _pool.update(gcs=gcs, actors={}, born={}, groups={})
+    return _pool
+
+
+# Kept actors outside any placement group (a prefetcher, an evaluator) hold their CPUs while
+# idle: one a class, and this many in all, the oldest killed first.
+_LOOSE_KEPT = 2
+
+
+def release_actors(handles: list[Any]) -> None:
+    """Actors a job closed cleanly: kept for the next job where actors are kept, else killed."""
+    pool = _live_pool()
+    for handle in handles:
+        key = pool["born"].pop(handle._actor_id.hex(), None) if pool is not None else None
+        if key is None:
+            ray.kill(handle)
+            continue
+        if key[1] is None:
+            loose = [k for k in pool["actors"] if k[1] is None]
+            for old in [k for k in loose if k[0] is key[0]] + loose[:-_LOOSE_KEPT + 1]:
+                for idle in pool["actors"].pop(old, []):
+                    ray.kill(idle)
+        pool["actors"].setdefault(key, []).append(handle)
+
+
+def kept_groups(spec: Any) -> Optional[list[Any]]:
+    """Placement groups kept under ``spec`` (taken out of the pool); every other kept group
+    is removed (its kept actors with it). None where none are kept."""
+    pool = _live_pool()
+    if pool is None:
+        return None
+    found = pool["groups"].pop(spec, None)
+    for groups in pool["groups"].values():
+        for group in groups:
+            ray.util.remove_placement_group(group.pg)
+    removed = {group.pg.id.hex() for groups in pool["groups"].values() for group in groups}
+    pool["groups"] = {}
+    pool["actors"] = {k: v for k, v in pool["actors"].items() if k[1] not in removed}
+    return found
+
+
+def drop_kept_actors() -> None:
+    """Kill every kept actor and remove every kept placement group (actors are still kept
+    from now on)."""
+    pool = _live_pool()
+    if pool is None:
+        return
+    for idle in pool["actors"].values():
+        for handle in idle:
+            ray.kill(handle)
+    for groups in pool["groups"].values():
+        for group in groups:
+            ray.util.remove_placement_group(group.pg)
+    pool.update(actors={}, groups={})
+
+
+def keep_groups(spec: Any, groups: list[Any]) -> bool:
+    """Keep ``groups`` under ``spec`` where actors are kept (True), else False."""
+    pool = _live_pool()
+    if pool is None:
+        return False
+    pool["groups"][spec] = list(groups)
+    return True

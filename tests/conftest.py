@@ -2,6 +2,7 @@
 value whose unpickling runs code (for the loads that must refuse it)."""
 
 import os
+import time
 from pathlib import Path
 
 # Under pytest-xdist several workers share the cores: one torch thread each (and in the CLIs,
@@ -23,7 +24,7 @@ VOCAB = 96
 MASK_ID = 95
 # The suite's local Ray, started by init_local as the driver starts its own (its actors start
 # without a runtime_env); a test that needs another cluster brings this one back afterwards.
-RAY_TEST_INIT = {"num_cpus": 4, "include_dashboard": False, "logging_level": "WARNING",
+RAY_TEST_INIT = {"num_cpus": 8, "include_dashboard": False, "logging_level": "WARNING",
                  "_system_config": LOCAL_SYSTEM_CONFIG}
 
 
@@ -189,15 +190,49 @@ def ray_init_args():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray instance for the whole session (real actors, CPU)."""
+    """A local Ray instance for the whole session (real actors, CPU).
+
+    Its jobs keep their actors for the next job that asks for the same ones
+    (pipeline.ray_start.keep_actors), as a sweep of jobs would: a kept process is built again
+    in place instead of starting a Ray worker and importing torch and the model code anew,
+    which halves what a job in the suite costs. A test's first job, a new layout, a restart
+    and every CLI run still start new actors. DFLASH_KEEP_ACTORS=0 starts every actor anew."""
     import ray
 
+    from pipeline.ray_start import drop_kept_actors, keep_actors
+    from pipeline.transport.shared import remove_dead_manager_folders
+
+    keep = os.environ.get("DFLASH_KEEP_ACTORS", "1")
+    if keep not in ("0", "1"):
+        raise pytest.UsageError(f"DFLASH_KEEP_ACTORS={keep}: allowed 0, 1")
+    if keep == "1":
+        keep_actors()
     started = not ray.is_initialized()
     if started:
         init_local(**RAY_TEST_INIT)
     yield
+    drop_kept_actors()
     if started:
         ray.shutdown()
+    for wait_s in (0.0, 1.0):  # the kept actors' shm managers go with the cluster
+        time.sleep(wait_s)
+        remove_dead_manager_folders()
+
+
+_kept_for = {"module": None}
+
+
+@pytest.fixture(autouse=True)
+def kept_actors_per_module(request):
+    """Kept actors (see ray_cluster) serve the jobs of one test module: they and their
+    placement groups hold logical CPUs while idle, which another module's own actors may
+    need."""
+    module = request.node.nodeid.split("::")[0]
+    if _kept_for["module"] not in (None, module):
+        from pipeline.ray_start import drop_kept_actors
+        drop_kept_actors()
+    _kept_for["module"] = module
+    yield
 
 
 @pytest.fixture(scope="module")

@@ -25,10 +25,10 @@ from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
 from pipeline.driver import stop_signals
 from pipeline.driver.drafter_group import DrafterGroup, policy_for
-from pipeline.driver.launcher import NodeGroup, node_groups, remove_groups
+from pipeline.driver.launcher import NodeGroup, node_groups, release_groups, remove_groups
 from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
-from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.ray_start import Placement, kill_actors, release_actors, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.transport.shared import remove_dead_manager_folders
 from pipeline.workers.drafter_worker import DrafterWorker
@@ -144,10 +144,19 @@ class ActorGroup:
         order = [upstream, self.targets] if after_failure else \
             [self.drafters, upstream, self.targets]
         deadline = None if grace_s is None else time.monotonic() + grace_s
+        closed = set()
         for handles in order:
-            self._close_each(handles, _within(10.0 if after_failure else 60.0, deadline))
-        kill_actors(self.handles())
-        remove_groups(self.groups)
+            closed |= self._close_each(handles, _within(10.0 if after_failure else 60.0,
+                                                        deadline))
+        clean = not after_failure and grace_s is None and self.prefetcher is not None
+        everyone = self.handles()
+        if clean and all(h._actor_id.hex() in closed for h in everyone
+                         if h is not self.prefetcher):
+            release_actors(everyone)
+            release_groups(self.groups, self.job.cluster, self.r.device, self.stages)
+        else:
+            kill_actors(everyone)
+            remove_groups(self.groups)
         self._clear()
         remove_dead_manager_folders()  # of actors killed before their close, now or earlier
 
@@ -199,19 +208,24 @@ class ActorGroup:
         return {name for actor_id, name in self.names().items() if actor_id in ids}
 
     @staticmethod
-    def _close_each(handles: list[Any], timeout_s: float) -> None:
+    def _close_each(handles: list[Any], timeout_s: float) -> set[str]:
+        """Close ``handles``; the actor ids of those that closed."""
         refs = [h.close.remote() for h in handles]
         if not refs:
-            return
+            return set()
+        owner = {ref.hex(): h._actor_id.hex() for ref, h in zip(refs, handles)}
+        closed = set()
         ready, stuck = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for ref in ready:
             try:
                 ray.get(ref)
+                closed.add(owner[ref.hex()])
             except Exception as exc:  # a crashed actor must not hide the original error
                 log.warning("closing an actor failed: %s", exc)
         if stuck:
             log.warning("%d actor(s) did not close within %.0fs; killing them", len(stuck),
                         timeout_s)
+        return closed
 
     def handles(self) -> list[Any]:
         stages = [h for chain in self.chains for h in chain]

@@ -29,7 +29,7 @@ from pipeline.config import JobConfig, weights_ring
 from pipeline.driver import stop_signals
 from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
-from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.ray_start import Placement, kill_actors, release_actors, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
 
@@ -119,9 +119,10 @@ class TauEvaluator:
             return
         try:
             ray.get(self.actor.close.remote(), timeout=timeout_s)
+            release_actors([self.actor])  # kept for a next job where actors are kept
         except Exception as exc:  # a dead evaluator must not hide the original error
             log.warning("closing the tau evaluator failed: %s", exc)
-        kill_actors([self.actor])
+            kill_actors([self.actor])
         self.actor = None
 
     def result_ref(self, drafters: DrafterGroup, step: int) -> tuple[Any, bool]:

@@ -22,7 +22,7 @@ from ray.util.placement_group import (placement_group, placement_group_table,
 
 from pipeline.config import ClusterConfig
 from pipeline.eval.config import EvalConfig
-from pipeline.ray_start import Placement
+from pipeline.ray_start import Placement, keep_groups, kept_groups
 from pipeline.resolve import cluster_device
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,9 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
     bundle = {"CPU": cfg.cpus_per_actor}
     if device == "cuda":
         bundle["GPU"] = cfg.gpus_per_actor
+    kept = kept_groups(_spec(cfg, per_node, bundle))
+    if kept is not None:
+        return kept
     groups: list[NodeGroup] = []
     try:
         for _ in range(cfg.num_nodes):
@@ -208,6 +211,21 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
     return sorted(groups, key=lambda g: g.node_id)
 
 
-def remove_groups(groups: list[NodeGroup]) -> None:
+def _spec(cfg: ClusterConfig, per_node: int, bundle: dict[str, float]) -> tuple:
+    return (cfg.num_nodes, per_node, tuple(sorted(bundle.items())), cfg.placement_strategy)
+
+
+def remove_groups(groups: list[NodeGroup], spec: Any = None) -> None:
+    """Remove ``groups``; where actors are kept, a cleanly closed job's are kept instead."""
+    if spec is not None and groups and keep_groups(spec, groups):
+        return
     for group in groups:
         remove_placement_group(group.pg)
+
+
+def release_groups(groups: list[NodeGroup], cfg: ClusterConfig, device: str,
+                   stages: int) -> None:
+    bundle = {"CPU": cfg.cpus_per_actor}
+    if device == "cuda":
+        bundle["GPU"] = cfg.gpus_per_actor
+    remove_groups(groups, _spec(cfg, cfg.bundles_per_node(stages), bundle))

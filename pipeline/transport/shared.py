@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
+from pipeline import kept_actor
 from pipeline.transport.messages import DeviceKind
 
 _DEVICE_KINDS = ("cuda", "cpu")
@@ -160,7 +161,7 @@ def release_manager_folder() -> Optional[str]:
     """At the end of a Ray actor that shared CPU buffers: remove its manager's folder once
     every buffer it exported is closed (see the module's docstring); the folder removed, or
     None (buffers still open, not in an actor, or no manager of its own)."""
-    if _open_exports == 0 and _in_ray_actor():
+    if _open_exports == 0 and _in_ray_actor() and not kept_actor.kept():
         return remove_own_manager_folder()
     return None
 

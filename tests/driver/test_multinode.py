@@ -20,7 +20,7 @@ from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport
 from pipeline.job_data import load_job_data
-from pipeline.ray_start import init_local
+from pipeline.ray_start import drop_kept_actors, init_local
 from pipeline.resolve import resolve_job
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader, SlotRing
@@ -49,6 +49,13 @@ def two_nodes(request, tiny_assets, ray_init_args):
         cluster.shutdown()
         if restore:
             init_local(**ray_init_args)
+
+
+@pytest.fixture(autouse=True)
+def no_kept_actors():
+    """Each test here finds its nodes' 3 CPUs free: no actor kept from the test before."""
+    drop_kept_actors()
+    yield
 
 
 def _job(cluster, tmp_path, train_file, *extra):
