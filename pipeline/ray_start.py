@@ -329,7 +329,7 @@ def release_actors(handles: list[Any]) -> None:
             continue
         if key[1] is None:
             loose = [k for k in pool["actors"] if k[1] is None]
-            for old in [k for k in loose if k[0] is key[0]] + loose[:-_LOOSE_KEPT + 1]:
+            for old in [k for k in loose if k[0] is key[0]] + loose[:len(loose) + 1 - _LOOSE_KEPT]:
                 for idle in pool["actors"].pop(old, []):
                     ray.kill(idle)
         pool["actors"].setdefault(key, []).append(handle)

@@ -4,6 +4,7 @@ the old object's state; a constructor that fails there fails as in a new actor; 
 keeping, a released actor is killed."""
 
 import os
+import time
 
 import pytest
 import ray
@@ -25,6 +26,21 @@ class Counter:
 
     def state(self) -> tuple[int, list[str]]:
         return os.getpid(), sorted(vars(self))
+
+
+def _dead(actor, timeout_s: float = 30.0) -> bool:
+    """Whether ``actor`` is gone within ``timeout_s`` (ray.kill is asynchronous: a call sent
+    at once may still be answered)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.state.remote())
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.RayTaskError:
+            pass  # alive, its object emptied by a failed rebuild
+        time.sleep(0.2)
+    return False
 
 
 @pytest.fixture()
@@ -55,8 +71,7 @@ def test_a_released_actor_is_built_again_in_its_process(group):
     broken = start_actor(Counter, group, start=7, fail=True)
     with pytest.raises(ray.exceptions.RayActorError, match="no counter from 7"):
         ray.get(broken.step.remote())
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(again.step.remote())  # the kept one was killed, not handed out twice
+    assert _dead(again)  # the kept one was killed, not handed out twice
 
 
 def test_without_keeping_a_released_actor_is_killed(group):
@@ -64,5 +79,37 @@ def test_without_keeping_a_released_actor_is_killed(group):
     actor = start_actor(Counter, group, start=1)
     ray.get(actor.step.remote())
     release_actors([actor])
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.step.remote())
+    assert _dead(actor)
+
+
+
+class Other(Counter):
+    pass
+
+
+class Third(Counter):
+    pass
+
+
+def test_actors_outside_a_group_are_kept_one_a_class_two_in_all(ray_session):
+    """They hold their CPUs while idle: a class's newest replaces its last, and the oldest
+    goes once a third is kept."""
+    kept = ray_start._pool
+    ray_start.keep_actors()
+    try:
+        actors = [start_actor(cls, Placement(cpus=cpus), start=0)
+                  for cls, cpus in ((Counter, 0.25), (Counter, 0.5), (Other, 0.25),
+                                    (Third, 0.25))]
+        ray.get([a.step.remote() for a in actors])
+        first, second, other, third = actors
+        release_actors([first])
+        release_actors([second])  # the same class: the first one goes
+        assert _dead(first)
+        release_actors([other])
+        assert ray.get([second.step.remote(), other.step.remote()]) == [2, 2]  # both kept
+        release_actors([third])  # a third: the oldest, second, goes
+        assert _dead(second)
+        assert ray.get([other.step.remote(), third.step.remote()]) == [3, 2]
+    finally:
+        ray_start.drop_kept_actors()
+        ray_start._pool = kept
