@@ -342,13 +342,19 @@ def kept_groups(spec: Any) -> Optional[list[Any]]:
     if pool is None:
         return None
     found = pool["groups"].pop(spec, None)
+    _remove_kept_groups(pool)
+    return found
+
+
+def _remove_kept_groups(pool: dict[str, Any]) -> None:
+    """Remove every kept placement group; Ray kills the kept actors in them."""
+    removed = set()
     for groups in pool["groups"].values():
         for group in groups:
             ray.util.remove_placement_group(group.pg)
-    removed = {group.pg.id.hex() for groups in pool["groups"].values() for group in groups}
+            removed.add(group.pg.id.hex())
     pool["groups"] = {}
     pool["actors"] = {k: v for k, v in pool["actors"].items() if k[1] not in removed}
-    return found
 
 
 def drop_kept_actors() -> None:
@@ -357,13 +363,11 @@ def drop_kept_actors() -> None:
     pool = _live_pool()
     if pool is None:
         return
-    for idle in pool["actors"].values():
+    _remove_kept_groups(pool)
+    for idle in pool["actors"].values():  # those outside a group
         for handle in idle:
             ray.kill(handle)
-    for groups in pool["groups"].values():
-        for group in groups:
-            ray.util.remove_placement_group(group.pg)
-    pool.update(actors={}, groups={})
+    pool["actors"] = {}
 
 
 def keep_groups(spec: Any, groups: list[Any]) -> bool:

@@ -38,7 +38,6 @@ def pytest_sessionstart(session):
         ensure_tiny_assets()
 
 
-
 def pytest_terminal_summary(terminalreporter, config):
     """Under xdist, the machine's speed beside the suite's time: the CPU a fresh ``import
     torch`` takes, measured once the tests are done. The suite is CPU-bound and most of its
@@ -58,6 +57,7 @@ def pytest_terminal_summary(terminalreporter, config):
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         terminalreporter.write_line(f"machine speed: a fresh `import torch` took {cpu:.2f} "
                                     "CPU-s (1.7 on the development machine at its usual speed)")
+
 
 # Module-scoped fixtures that cost nothing to build again on another xdist worker.
 _CHEAP_MODULE_FIXTURES = {"ray_session"}

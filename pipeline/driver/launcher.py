@@ -183,10 +183,8 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
     Bundles: each target's ``stages`` (target i, stage s at ``i * stages + s``), then the
     drafters."""
     per_node = cfg.bundles_per_node(stages)
-    bundle = {"CPU": cfg.cpus_per_actor}
-    if device == "cuda":
-        bundle["GPU"] = cfg.gpus_per_actor
-    kept = kept_groups(_spec(cfg, per_node, bundle))
+    bundle = _bundle(cfg, device)
+    kept = kept_groups(_spec(cfg, device, stages))
     if kept is not None:
         return kept
     groups: list[NodeGroup] = []
@@ -211,21 +209,27 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
     return sorted(groups, key=lambda g: g.node_id)
 
 
-def _spec(cfg: ClusterConfig, per_node: int, bundle: dict[str, float]) -> tuple:
-    return (cfg.num_nodes, per_node, tuple(sorted(bundle.items())), cfg.placement_strategy)
+def _bundle(cfg: ClusterConfig, device: str) -> dict[str, float]:
+    bundle = {"CPU": cfg.cpus_per_actor}
+    if device == "cuda":
+        bundle["GPU"] = cfg.gpus_per_actor
+    return bundle
 
 
-def remove_groups(groups: list[NodeGroup], spec: Any = None) -> None:
-    """Remove ``groups``; where actors are kept, a cleanly closed job's are kept instead."""
-    if spec is not None and groups and keep_groups(spec, groups):
-        return
+def _spec(cfg: ClusterConfig, device: str, stages: int) -> tuple:
+    """What makes a job's placement groups fit another job (kept actors)."""
+    return (cfg.num_nodes, cfg.bundles_per_node(stages),
+            tuple(sorted(_bundle(cfg, device).items())), cfg.placement_strategy)
+
+
+def remove_groups(groups: list[NodeGroup]) -> None:
     for group in groups:
         remove_placement_group(group.pg)
 
 
 def release_groups(groups: list[NodeGroup], cfg: ClusterConfig, device: str,
                    stages: int) -> None:
-    bundle = {"CPU": cfg.cpus_per_actor}
-    if device == "cuda":
-        bundle["GPU"] = cfg.gpus_per_actor
-    remove_groups(groups, _spec(cfg, cfg.bundles_per_node(stages), bundle))
+    """A cleanly closed job's groups: kept for the next job where actors are kept, else
+    removed."""
+    if not groups or not keep_groups(_spec(cfg, device, stages), groups):
+        remove_groups(groups)
