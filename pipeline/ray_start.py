@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import math
 import os
 import sys
@@ -189,8 +190,11 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     where torch.compile's CUDA-graph state lives.
     """
     pool = _live_pool()
+    runtime_env = _runtime_env()
+    # The environment too: a kept process keeps the one it was started with.
     key = (cls, placement.group.id.hex() if placement.group is not None else None,
-           placement.bundle, placement.cpus, placement.gpus)
+           placement.bundle, placement.cpus, placement.gpus,
+           json.dumps(runtime_env, sort_keys=True))
     idle = pool["actors"].get(key) if pool is not None else None
     if idle:
         handle = idle.pop()
@@ -202,8 +206,13 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
             return handle
         except Exception:
             ray.kill(handle)
+    if pool is not None and placement.group is not None:
+        # Idle kept actors in this bundle (another class, another environment) hold what the
+        # new actor needs there: it would wait for them forever.
+        for other in [k for k in pool["actors"] if k[1:3] == key[1:3]]:
+            for stale in pool["actors"].pop(other):
+                ray.kill(stale)
     options: dict[str, Any] = {"num_cpus": placement.cpus}
-    runtime_env = _runtime_env()
     if runtime_env is not None:
         options["runtime_env"] = runtime_env
     if placement.gpus > 0:

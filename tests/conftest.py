@@ -195,8 +195,11 @@ def ray_cluster():
     Its jobs keep their actors for the next job that asks for the same ones
     (pipeline.ray_start.keep_actors), as a sweep of jobs would: a kept process is built again
     in place instead of starting a Ray worker and importing torch and the model code anew,
-    which halves what a job in the suite costs. A test's first job, a new layout, a restart
-    and every CLI run still start new actors. DFLASH_KEEP_ACTORS=0 starts every actor anew."""
+    which halves what a job in the suite costs. They serve every module's jobs: a job that
+    needs other placement groups removes the kept ones first, and at most two are kept outside
+    a group, so what they hold while idle leaves the tests' own actors room. A new layout, a
+    restart and every CLI run still start new actors. DFLASH_KEEP_ACTORS=0 starts every actor
+    anew."""
     import ray
 
     from pipeline.ray_start import drop_kept_actors, keep_actors
@@ -217,22 +220,6 @@ def ray_cluster():
     for wait_s in (0.0, 1.0):  # the kept actors' shm managers go with the cluster
         time.sleep(wait_s)
         remove_dead_manager_folders()
-
-
-_kept_for = {"module": None}
-
-
-@pytest.fixture(autouse=True)
-def kept_actors_per_module(request):
-    """Kept actors (see ray_cluster) serve the jobs of one test module: they and their
-    placement groups hold logical CPUs while idle, which another module's own actors may
-    need."""
-    module = request.node.nodeid.split("::")[0]
-    if _kept_for["module"] not in (None, module):
-        from pipeline.ray_start import drop_kept_actors
-        drop_kept_actors()
-    _kept_for["module"] = module
-    yield
 
 
 @pytest.fixture(scope="module")

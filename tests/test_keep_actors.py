@@ -74,6 +74,24 @@ def test_a_released_actor_is_built_again_in_its_process(group):
     assert _dead(again)  # the kept one was killed, not handed out twice
 
 
+def test_a_kept_actor_serves_only_the_environment_it_was_started_with(group, monkeypatch):
+    """A process keeps the environment it started with: a request under another (a variable
+    actors are given changed since) gets a new process, and the kept one is not handed out."""
+    ray_start.keep_actors()
+    first = start_actor(Counter, group, start=1)
+    pid, _ = ray.get(first.state.remote())
+    release_actors([first])
+    monkeypatch.setenv("WANDB_MODE", "changed-for-this-test")
+    other = start_actor(Counter, group, start=2)
+    other_pid, _ = ray.get(other.state.remote())
+    assert other_pid != pid
+    assert ray.get(other.__ray_call__.remote(lambda self: os.environ["WANDB_MODE"])) == \
+        "changed-for-this-test"
+    ray.kill(other)
+    ray_start.drop_kept_actors()
+    assert _dead(first)
+
+
 def test_without_keeping_a_released_actor_is_killed(group):
     ray_start._pool = None
     actor = start_actor(Counter, group, start=1)
