@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -191,10 +191,9 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     """
     pool = _live_pool()
     runtime_env = _runtime_env()
-    # The environment too: a kept process keeps the one it was started with.
-    key = (cls, placement.group.id.hex() if placement.group is not None else None,
-           placement.bundle, placement.cpus, placement.gpus,
-           json.dumps(runtime_env, sort_keys=True))
+    key = _Key(cls, placement.group.id.hex() if placement.group is not None else None,
+               placement.bundle, placement.cpus, placement.gpus,
+               json.dumps(runtime_env, sort_keys=True))
     idle = pool["actors"].get(key) if pool is not None else None
     if idle:
         handle = idle.pop()
@@ -209,7 +208,8 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     if pool is not None and placement.group is not None:
         # Idle kept actors in this bundle (another class, another environment) hold what the
         # new actor needs there: it would wait for them forever.
-        for other in [k for k in pool["actors"] if k[1:3] == key[1:3]]:
+        for other in [k for k in pool["actors"]
+                      if (k.group, k.bundle) == (key.group, key.bundle)]:
             for stale in pool["actors"].pop(other):
                 ray.kill(stale)
     options: dict[str, Any] = {"num_cpus": placement.cpus}
@@ -299,8 +299,20 @@ def kill_actors(handles: list[Any]) -> None:
         ray.kill(handle)
 
 
-# Actors kept across jobs of this process (keep_actors): idle ones by (class, placement group,
-# bundle, CPUs, GPUs), and the key each live one was started under.
+class _Key(NamedTuple):
+    """What a kept actor can serve: the same class in the same place, under the environment
+    its process was started with (a kept process keeps it)."""
+
+    cls: type
+    group: Optional[str]  # the placement group's id, None outside one
+    bundle: int
+    cpus: float
+    gpus: float
+    env: str  # the runtime_env, as JSON
+
+
+# Actors kept across jobs of this process (keep_actors): idle ones by _Key, and the key each
+# live one was started under.
 _pool: Optional[dict[str, Any]] = None
 
 
@@ -336,10 +348,12 @@ def release_actors(handles: list[Any]) -> None:
         if key is None:
             ray.kill(handle)
             continue
-        if key[1] is None:
-            loose = [k for k in pool["actors"] if k[1] is None]
-            for old in [k for k in loose if k[0] is key[0]] + loose[:len(loose) + 1 - _LOOSE_KEPT]:
-                for idle in pool["actors"].pop(old, []):
+        if key.group is None:
+            loose = [k for k in pool["actors"] if k.group is None]
+            same = [k for k in loose if k.cls is key.cls]
+            others = [k for k in loose if k.cls is not key.cls]
+            for old in same + others[:len(others) + 1 - _LOOSE_KEPT]:
+                for idle in pool["actors"].pop(old):
                     ray.kill(idle)
         pool["actors"].setdefault(key, []).append(handle)
 
@@ -363,7 +377,7 @@ def _remove_kept_groups(pool: dict[str, Any]) -> None:
             ray.util.remove_placement_group(group.pg)
             removed.add(group.pg.id.hex())
     pool["groups"] = {}
-    pool["actors"] = {k: v for k, v in pool["actors"].items() if k[1] not in removed}
+    pool["actors"] = {k: v for k, v in pool["actors"].items() if k.group not in removed}
 
 
 def drop_kept_actors() -> None:

@@ -1,7 +1,7 @@
 """Actors kept across jobs (pipeline.ray_start.keep_actors): a cleanly released actor is built
 again in its own process for the next request of its class in the same place, with none of
-the old object's state; a constructor that fails there fails as in a new actor; without
-keeping, a released actor is killed."""
+the old object's state, and only under the environment it was started with; a constructor that
+fails there fails as in a new actor; without keeping, a released actor is killed."""
 
 import os
 import time
@@ -100,7 +100,6 @@ def test_without_keeping_a_released_actor_is_killed(group):
     assert _dead(actor)
 
 
-
 class Other(Counter):
     pass
 
@@ -110,16 +109,16 @@ class Third(Counter):
 
 
 def test_actors_outside_a_group_are_kept_one_a_class_two_in_all(ray_session):
-    """They hold their CPUs while idle: a class's newest replaces its last, and the oldest
-    goes once a third is kept."""
+    """They hold their CPUs while idle: a class's newest replaces its last (and no other), and
+    the oldest goes once a third is kept."""
     kept = ray_start._pool
     ray_start.keep_actors()
     try:
         actors = [start_actor(cls, Placement(cpus=cpus), start=0)
                   for cls, cpus in ((Counter, 0.25), (Counter, 0.5), (Other, 0.25),
-                                    (Third, 0.25))]
+                                    (Third, 0.25), (Third, 0.5))]
         ray.get([a.step.remote() for a in actors])
-        first, second, other, third = actors
+        first, second, other, third, third_again = actors
         release_actors([first])
         release_actors([second])  # the same class: the first one goes
         assert _dead(first)
@@ -128,6 +127,9 @@ def test_actors_outside_a_group_are_kept_one_a_class_two_in_all(ray_session):
         release_actors([third])  # a third: the oldest, second, goes
         assert _dead(second)
         assert ray.get([other.step.remote(), third.step.remote()]) == [3, 2]
+        release_actors([third_again])  # replaces third; other, the older, stays
+        assert _dead(third)
+        assert ray.get([other.step.remote(), third_again.step.remote()]) == [4, 2]
     finally:
         ray_start.drop_kept_actors()
         ray_start._pool = kept
