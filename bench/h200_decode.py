@@ -102,10 +102,10 @@ H200 = {
     "q8b_triton_compile": ("bench.decode_static", "--model qwen3_8b_random --runs= "
                            "--max-new-tokens 256 --sustained-prompts 1024 "
                            "--sustained-batch {q8b_rows} --attention triton --compile-step", 220),
-    # The compiled step with the prefills compiled too (--static-compile-prefill): on request.
+    # The compiled triton step with the prefills compiled too (--compile-prefill): on request.
     "q8b_compile_prefill": ("bench.decode_static", "--model qwen3_8b_random --runs= "
                             "--max-new-tokens 256 --sustained-prompts 1024 "
-                            "--sustained-batch {q8b_rows} --attention varlen --compile-step "
+                            "--sustained-batch {q8b_rows} --attention triton --compile-step "
                             "--compile-prefill", 300),
     "q8b_beside": ("bench.eval_beside_training", "--shape qwen3_8b --steps 10 --warmup 3 "
                    "--duties 0.15,0.2,1.0 --work {logs}/beside --timeout {timeout}", 170),
