@@ -248,7 +248,8 @@ def measure(args) -> dict:
 
         profile = args.profile if rows == args.step_rows[0] else None
         result.setdefault("step", {})[str(rows)] = step_timing(
-            model, sustained or prompts, rows, args.step_attention, profile=profile)
+            model, sustained or prompts, rows, args.step_attention, profile=profile,
+            compile_prefill=args.compile_prefill)
         write(args.out, result)
     return result
 

@@ -61,14 +61,16 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _filled(model, chosen: list[list[int]], steps: int, attention: str = "sdpa"
-            ) -> StaticDecoder:
+def _filled(model, chosen: list[list[int]], steps: int, attention: str = "sdpa",
+            compile_prefill: bool = False) -> StaticDecoder:
     """A decoder whose rows each hold one prompt of ``chosen`` and stay live for ``steps``
-    (its cache laid out for ``attention``: token-major for varlen and triton)."""
+    (its cache laid out for ``attention``: token-major for varlen and triton; its prefills
+    compiled with ``compile_prefill``, the fill paying the compile)."""
     rows = len(chosen)
     longest = max(map(len, chosen))
     decoder = StaticDecoder(model, rows, longest + steps + 1, steps + 1, [], cuda_graphs=True,
-                            prefill_tokens=16384, span_bucket=128, attention=attention)
+                            prefill_tokens=16384, span_bucket=128, attention=attention,
+                            compile_prefill=compile_prefill)
     decoder.stats = {}
     with swapped(model):
         decoder._prefill(list(range(rows)), chosen)
@@ -173,12 +175,13 @@ def sdpa_backends(decoder: StaticDecoder, span: int) -> dict:
 @torch.no_grad()
 def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
                 attentions: Sequence[str] = ("sdpa",), steps: int = 20,
-                profile: Optional[Path] = None) -> dict:
+                profile: Optional[Path] = None, compile_prefill: bool = False) -> dict:
     """ms/step at ``rows`` for each attention variant (captured where on CUDA, and uncaptured),
     with the datasheet ceiling; ``profile``: the top kernels of 3 uncaptured steps (and of 3
     replays) per variant, written to that file as each variant ends. The variants run one
     after another on one decoder filled once (a prefill of ``rows`` prompts); varlen and
-    triton, whose cache is token-major, on a second one filled alike once the first is freed."""
+    triton, whose cache is token-major, on a second one filled alike once the first is freed.
+    ``compile_prefill``: their prefills (timed and profiled too) through torch.compile."""
     device = next(model.parameters()).device
     per_variant = 2 * steps + 10  # steps a variant moves every row: warm-ups, timed, profiled
     out: dict = {"rows": rows, "steps_timed": steps, "variants": {}}
@@ -188,7 +191,7 @@ def step_timing(model, prompts: Sequence[Sequence[int]], rows: int,
     chosen = [list(prompts[i % len(prompts)]) for i in range(rows)]  # every row a prompt
     for group in (g for g in layouts if g):
         decoder = _filled(model, chosen, len(group) * per_variant,
-                          group[0].removesuffix(COMPILED))
+                          group[0].removesuffix(COMPILED), compile_prefill)
         layout = "token-major" if group is token_major else "head-major"
         out.setdefault("prefill", {})[layout] = prefill_timing(decoder, chosen, tables, profile)
         for attention in group:
