@@ -48,6 +48,32 @@ def test_a_failing_step_variant_is_reported_and_the_others_stand(tmp_path):
         assert "error" not in variants[name] and variants[name]["uncaptured_ms"] > 0
 
 
+def test_the_prefill_is_timed_compiled_when_asked(monkeypatch):
+    """--compile-prefill reaches the step timing's decoders: their prefills (timed and
+    profiled) go through the compiled forward, one per cache layout; without it, none do."""
+    from bench.decode_step import step_timing
+    from pipeline.regen import static_decoder
+
+    compiled = []
+
+    def recording(body):  # stands in for torch.compile: the calls are what is checked
+        compiled.append(body)
+        return body
+
+    monkeypatch.setattr(static_decoder, "compiled_prefill", recording)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    out = step_timing(model, prompts, rows=2, attentions=("sdpa",), steps=2)
+    assert compiled == [] and "error" not in out["variants"]["sdpa"]
+    out = step_timing(model, prompts, rows=2, attentions=("sdpa", "varlen"), steps=2,
+                      compile_prefill=True)
+    assert compiled == [model.base_model] * 2  # head-major and token-major
+    assert sorted(out["prefill"]) == ["head-major", "token-major"]
+
+
 def test_the_variants_without_a_figure_are_named_for_the_commands_exit():
     ok = {"uncaptured_ms": 1.0}
     result = {"step": {"512": {"variants": {"varlen": ok, "triton": {"error": "E: x"}}},
