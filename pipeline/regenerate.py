@@ -21,7 +21,9 @@ input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [.
 An answer is stored as the exact text the target wrote, reasoning included, and each turn is
 checked to re-render through the template as that text (``round_trips``). Rerunning with the same
 arguments resumes: complete records are kept (a half-written last line is cut off) and the
-rest is appended. Work is spread over ``--num-workers`` Ray actors, one GPU each on cuda.
+rest is appended. Ctrl-C and SIGTERM (``ray job stop``, a preemption) end a run with one line
+that says so (exit 130 and 143), the generators killed and the output's records whole. Work
+is spread over ``--num-workers`` Ray actors, one GPU each on cuda.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pipeline import startup_gc
 if __name__ == "__main__":  # before the imports below (torch, Triton): until main read the input
     startup_gc.defer_full_collections()
 
+from pipeline import stop_signals  # noqa: E402
 from pipeline.data.config import FORMATS, ON_BAD_LINE  # noqa: E402
 from pipeline.gpu_oom import gpu_oom_line  # noqa: E402
 from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES  # noqa: E402
@@ -136,6 +139,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     startup_gc.started()
     try:
         summary = execute(plan)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where the entry point installed it
+        print(f"regenerate: {stop_signals.cause(stop)}; the answers written so far stay in "
+              f"{plan.cfg.output}; the same command goes on from them", file=sys.stderr)
+        return stop_signals.exit_code(stop)
     except Exception as e:
         line = gpu_oom_line(e, lambda actor: engine_knobs(plan.cfg), f"the answers written "
                             f"so far stay in {plan.cfg.output}; the same command goes on "
@@ -156,4 +163,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGTERM (ray job stop, a preemption, kill) unwinds as Ctrl-C does: the generators are
+    # killed, the output keeps its whole records, one line says how to go on, exit 143.
+    stop_signals.install()
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stop:  # before any generation started (reading the input)
+        print(f"regenerate: {stop_signals.cause(stop)}", file=sys.stderr)
+        sys.exit(stop_signals.exit_code(stop))

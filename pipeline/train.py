@@ -35,7 +35,7 @@ register_configs()
 def main(cfg) -> None:
     # The job's modules (torch, Ray, transformers: seconds of imports) are imported here, once
     # the command line passed its checks: a refused command line exits without them.
-    from pipeline.driver import stop_signals
+    from pipeline import stop_signals
     from pipeline.driver.resume_hint import interrupted_line
 
     try:
@@ -108,7 +108,7 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from pipeline.driver import stop_signals  # Ray: after the checks (see main)
+    from pipeline import stop_signals  # Ray: after the checks (see main)
 
     # SIGTERM (ray job stop, a preemption, kill) unwinds the job as Ctrl-C does: exit 143.
     stop_signals.install()

@@ -77,7 +77,7 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from pipeline.driver import stop_signals  # Ray: after the checks
+    from pipeline import stop_signals  # Ray: after the checks
 
     stop_signals.install()  # SIGTERM unwinds as Ctrl-C does: the run folder is released
     try:

@@ -1,6 +1,7 @@
 """The package's layers, lowest first: a module imports only from its own layer or below.
 
     base         validate, dtypes, diskfull, error_chain, preflight, config keys, Ray start,
+                 stop signals,
                  dist/, serving/
     libraries    model/, objective/, data/, transport/, assets/ (each with its own config.py)
     components   training/, eval/, checkpoint/: the drafter trainer, optimizer, plan, tau,
@@ -36,7 +37,7 @@ PACKAGE = Path(pipeline.__file__).resolve().parent
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__.py", "startup_gc.py", "validate.py", "dtypes.py", "diskfull.py",
               "preflight.py", "config_keys.py", "wandb_env.py", "ray_start.py", "error_chain.py",
-              "kept_actor.py",
+              "kept_actor.py", "stop_signals.py",
               "dist", "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),

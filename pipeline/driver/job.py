@@ -21,7 +21,7 @@ from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
-from pipeline.driver import stop_signals
+from pipeline import stop_signals
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.drafter_group import OWNER_LANE

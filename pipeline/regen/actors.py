@@ -14,7 +14,7 @@ from typing import Any, ContextManager, Iterator, Optional, Sequence
 import ray
 import torch
 
-from pipeline import ray_start
+from pipeline import stop_signals
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.dtypes import resolve_dtype
 from pipeline.regen.config import RegenConfig
@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def ray_session(cfg: RegenConfig) -> ContextManager[None]:
-    """Ray while the generators run; shut down after only if this job started it."""
-    return ray_start.ray_session(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
+    """Ray while the generators run; shut down after only if this job started it. Through
+    stop_signals: ray.init takes SIGTERM over, and the entry point's handler comes back."""
+    return stop_signals.ray_session(cfg.ray_address, cfg.num_workers * cfg.cpus_per_worker + 1)
 
 
 def pick_device(cfg: RegenConfig) -> str:

@@ -58,12 +58,6 @@ class GeneratorWorker:
             self.static = StaticEngine(self.model, static_rows, attention=attention,
                                        compile_step=static_compile,
                                        compile_prefill=static_compile_prefill)
-            compiled = [name for name, on in (("decode step", static_compile),
-                                              ("prefills", static_compile_prefill)) if on]
-            if compiled:  # else the first call's silent minutes look like a hang
-                log.info("generator %d: compiling the %s on the first call: minutes on an empty "
-                         "compile cache (152 s more set-up at the Qwen3-8B shape on an H100 "
-                         "for both), once per worker", rank, " and ".join(compiled))
         log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
                  self.device, dtype, self.engine, self.stops)
 

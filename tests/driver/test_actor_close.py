@@ -9,7 +9,7 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
-from pipeline.driver import stop_signals
+from pipeline import stop_signals
 from pipeline.driver.actors import ActorGroup
 from pipeline.ray_start import Placement, kill_actors, start_actor
 

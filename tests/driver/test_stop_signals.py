@@ -11,8 +11,8 @@ import pytest
 from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.files import FileRecord, sha256_file
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.driver import stop_signals
-from pipeline.driver.stop_signals import Terminated
+from pipeline import stop_signals
+from pipeline.stop_signals import Terminated
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ its previous answer is back. Checked on three targets with real tokenizers and c
 templates: the demo Qwen3 and the tiny Qwen3 and Llama family targets.
 """
 
-import logging
-
 import pytest
 import torch
 
@@ -119,25 +117,6 @@ def test_static_engine_with_another_step_stores_the_same_records(workers, target
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
     assert [(r.messages, r.turns) for r in other.generate(requests)] == [
         (r.messages, r.turns) for r in plain.generate(requests)]
-
-
-@pytest.mark.parametrize("step, prefill, said", [
-    (True, True, "compiling the decode step and prefills on the first call"),
-    (False, True, "compiling the prefills on the first call"), (False, False, None)])
-def test_a_worker_says_when_its_first_call_compiles(target, caplog, step, prefill, said):
-    """A compile of minutes on the first call is announced (and only when one is asked for),
-    so the wait does not look like a hang; building the worker compiles nothing yet."""
-    caplog.set_level(logging.INFO, logger="pipeline.regen.generator")
-    worker = GeneratorWorker(rank=0, target_path=target, device="cpu", dtype=torch.float32,
-                             max_new_tokens=MAX_NEW, engine="static", static_rows=2,
-                             static_attention="varlen", static_compile=step,
-                             static_compile_prefill=prefill)
-    assert worker.static.compile_step is step and worker.static.compile_prefill is prefill
-    lines = [r.getMessage() for r in caplog.records if "compile" in r.getMessage()]
-    if said is None:
-        assert lines == []
-    else:
-        assert len(lines) == 1 and said in lines[0]
 
 
 def test_static_engine_falls_back_in_one_line_for_a_family_it_cannot_serve(caplog):

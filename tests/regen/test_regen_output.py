@@ -69,6 +69,22 @@ def test_bad_option_names_the_flag(tmp_path, override, flag):
         RegenConfig(input=str(src), output=str(tmp_path / "out.jsonl"), **override)
 
 
+@pytest.mark.parametrize("step, prefill, said", [
+    (True, True, "compiles its decode step and prefills on its first call"),
+    (False, True, "compiles its prefills on its first call"),
+    (True, False, "compiles its decode step on its first call"), (False, False, None)])
+def test_a_run_that_compiles_says_so(tmp_path, step, prefill, said):
+    """The minutes a worker's first call spends compiling are announced (the driver logs this
+    line), only when a compile is asked for."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    cfg = RegenConfig(input=str(src), output=str(tmp_path / "out.jsonl"),
+                      static_attention="varlen", static_compile=step,
+                      static_compile_prefill=prefill)
+    note = cfg.compile_note()
+    assert note is None if said is None else said in note
+
+
 def test_missing_input_and_output_onto_input(tmp_path):
     with pytest.raises(ValueError, match="--input="):
         RegenConfig(input=str(tmp_path / "nope.jsonl"), output=str(tmp_path / "o.jsonl"))

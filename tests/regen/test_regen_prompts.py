@@ -2,8 +2,8 @@
 
 Prompts-only lines (a user turn, a system and a user turn, ShareGPT's human turn) are the
 usual input: each gets the target's greedy answer appended. A run that writes nothing names no
-file and does not end rc 0. A run killed with SIGKILL resumes to the very bytes of an
-uninterrupted run, losing and duplicating no line.
+file and does not end rc 0. A run killed with SIGKILL, or stopped with SIGTERM (one line,
+exit 143), resumes to the very bytes of an uninterrupted run, losing and duplicating no line.
 """
 
 import json
@@ -86,33 +86,49 @@ def test_a_run_that_writes_nothing_says_so_and_fails(qwen3_target, tmp_path, cap
     assert str(out) not in printed.out + printed.err
 
 
-def test_killed_run_resumes_losing_and_duplicating_no_line(ray_cluster, qwen3_target,
-                                                           tmp_path):
-    src = tmp_path / "in.jsonl"
+@pytest.fixture(scope="module")
+def forty_prompts(ray_cluster, qwen3_target, tmp_path_factory):
+    """Forty prompts, the regeneration's options, and the bytes of an uninterrupted run."""
+    folder = tmp_path_factory.mktemp("forty")
+    src = folder / "in.jsonl"
     src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Item {i}: "
                                                      f"what is {i} squared?"}]}) + "\n"
                            for i in range(40)))
-    full, killed = tmp_path / "full.jsonl", tmp_path / "killed.jsonl"
     kw = dict(input=str(src), target=qwen3_target, num_workers=1, batch_size=1,
               max_new_tokens=MAX_NEW, in_flight_per_worker=1)
-    run(RegenConfig(output=str(full), **kw))
+    run(RegenConfig(output=str(folder / "full.jsonl"), **kw))
+    return kw, (folder / "full.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_run_resumes_losing_and_duplicating_no_line(forty_prompts, tmp_path, stop):
+    """SIGKILL leaves whole records behind; SIGTERM (``ray job stop``, a preemption) ends the
+    run as Ctrl-C does: exit 143, one line that says how to go on, no Ray trace."""
+    kw, full = forty_prompts
+    killed = tmp_path / "killed.jsonl"
     address = ray.get_runtime_context().gcs_address
-    cmd = [sys.executable, "-m", "pipeline.regenerate", "--input", str(src), "--output",
-           str(killed), "--target", qwen3_target, "--num-workers", "1", "--batch-size", "1",
+    cmd = [sys.executable, "-m", "pipeline.regenerate", "--input", kw["input"], "--output",
+           str(killed), "--target", kw["target"], "--num-workers", "1", "--batch-size", "1",
            "--max-new-tokens", str(MAX_NEW), "--in-flight-per-worker", "1",
            "--ray-address", address]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
         while (not killed.exists() or killed.read_bytes().count(b"\n") < 2) \
                 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(stop)
+        err = proc.communicate(timeout=120)[1]
     written = killed.read_bytes().count(b"\n")
-    assert 2 <= written < 40, f"the kill came at {written} of 40 lines"
+    assert 2 <= written < 40, f"the {stop.name} came at {written} of 40 lines"
+    if stop == signal.SIGTERM:
+        assert proc.returncode == 143, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert last == (f"regenerate: stopped by SIGTERM; the answers written so far stay in "
+                        f"{killed}; the same command goes on from them"), err[-3000:]
+        assert "Traceback" not in err and "SIGTERM received" not in err, err[-3000:]
     summary = run(RegenConfig(output=str(killed), **kw))
     assert summary.resumed + summary.regenerated == 40
-    assert killed.read_bytes() == full.read_bytes()
+    assert killed.read_bytes() == full
