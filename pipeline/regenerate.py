@@ -137,16 +137,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     startup_gc.started()
+    go_on = (f"the answers written so far stay in {plan.cfg.output}; the same command goes "
+             f"on from them")
     try:
         summary = execute(plan)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where the entry point installed it
-        print(f"regenerate: {stop_signals.cause(stop)}; the answers written so far stay in "
-              f"{plan.cfg.output}; the same command goes on from them", file=sys.stderr)
+        print(f"regenerate: {stop_signals.cause(stop)}; {go_on}", file=sys.stderr)
         return stop_signals.exit_code(stop)
     except Exception as e:
-        line = gpu_oom_line(e, lambda actor: engine_knobs(plan.cfg), f"the answers written "
-                            f"so far stay in {plan.cfg.output}; the same command goes on "
-                            f"from them")
+        line = gpu_oom_line(e, lambda actor: engine_knobs(plan.cfg), go_on)
         if line is None:
             raise
         print(f"regenerate: {line}", file=sys.stderr)

@@ -10,10 +10,10 @@ An entry point calls :func:`install`: SIGTERM then raises :class:`Terminated` in
 thread, a ``KeyboardInterrupt``, so it unwinds the job along Ctrl-C's path: each ``with`` and
 ``finally`` on the way out closes what it opened, and ``pipeline.train`` (or
 ``pipeline.regenerate``) ends with the one line that says how to resume (exit 143, 128 +
-SIGTERM). A signal handler is per process and
-``ray.init`` replaces this one (with a Python handler of Ray's, then with the core worker's C++
-one, which prints the trace and chains to it), so the driver starts Ray through
-:func:`ray_session`, which installs it again right after. A library caller (a test driving
+SIGTERM). A signal handler is per process and ``ray.init`` replaces this one (with a Python
+handler of Ray's, then with the core worker's C++ one, which prints the trace and chains to
+it), so the driver starts Ray through :func:`ray_session`, which installs it again right
+after. A library caller (a test driving
 ``Driver.run``) that never called :func:`install` keeps its own handlers. SIGINT is taken
 over also where the process was started ignoring it (a shell's background command).
 

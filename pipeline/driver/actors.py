@@ -18,12 +18,12 @@ from typing import Any, Optional
 
 import ray
 
+from pipeline import stop_signals
 from pipeline.assembly import batch_shapes, packing_of
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig, reads_ahead
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
-from pipeline import stop_signals
 from pipeline.driver.drafter_group import DrafterGroup, policy_for
 from pipeline.driver.launcher import NodeGroup, node_groups, release_groups, remove_groups
 from pipeline.driver.scheduler import Topology

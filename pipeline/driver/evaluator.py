@@ -25,8 +25,8 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from pipeline.config import JobConfig, weights_ring
 from pipeline import stop_signals
+from pipeline.config import JobConfig, weights_ring
 from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
 from pipeline.ray_start import Placement, kill_actors, release_actors, start_actor

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from ray.exceptions import RayError
 
 from pipeline import checkpoint as ckpt
-from pipeline import startup_gc
+from pipeline import startup_gc, stop_signals
 from pipeline.checkpoint import CheckpointSaves
 from pipeline.resume_contract import KEY as CONTRACT_KEY
 from pipeline.resume_contract import Contract, check_resume
@@ -21,7 +21,6 @@ from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.config import JobConfig
 from pipeline.diskfull import secondary
-from pipeline import stop_signals
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.drafter_group import OWNER_LANE

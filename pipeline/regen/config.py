@@ -101,11 +101,12 @@ class RegenConfig:
         return 16 if self.engine == "generate" else 1024
 
     def compile_note(self) -> Optional[str]:
-        """The line that announces the static engine's compiles, or None without any: each
-        worker's first call then spends minutes compiling, which would look like a hang."""
+        """The line that announces the static engine's compiles (both switches need
+        ``--engine static``), or None without any: each worker's first call then spends minutes
+        compiling, which would look like a hang."""
         parts = [name for name, on in (("decode step", self.static_compile),
                                        ("prefills", self.static_compile_prefill)) if on]
-        if self.engine != "static" or not parts:
+        if not parts:
             return None
         return (f"each generator compiles its {' and '.join(parts)} on its first call: minutes "
                 "on an empty compile cache (152 s more set-up for both at the Qwen3-8B shape "

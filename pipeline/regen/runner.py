@@ -149,8 +149,8 @@ def _generate_on_ray(plan: Plan, batches: Iterator[list[GenRequest]],
         dtype = pick_dtype(cfg, device)
         workers = start_generators(cfg, plan.target_path, device, dtype)
         log.info("regenerating with %d generator(s) on %s (%s)", len(workers), device, dtype)
-        if cfg.compile_note() is not None:
-            log.info("%s", cfg.compile_note())
+        if (note := cfg.compile_note()) is not None:
+            log.info("%s", note)
         with open(cfg.output, "a", encoding="utf-8") as out:
             for results in ordered_results(workers, batches, cfg.in_flight_per_worker):
                 # Whole records, flushed per batch: whenever a crash comes, the file is a

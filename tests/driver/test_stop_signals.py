@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
+from pipeline import stop_signals
 from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.files import FileRecord, sha256_file
 from pipeline.checkpoint.point import ResumePoint
-from pipeline import stop_signals
 from pipeline.stop_signals import Terminated
 
 
