@@ -16,13 +16,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import pipeline
-from pipeline import kept_actor, startup_gc
+from pipeline import actor_pool, kept_actor, startup_gc
 
 # Environment every actor must see: our package on the path, and the GPU machine's NCCL
 # safety settings (NVLink multicast off) also where Ray starts workers with a fresh env.
@@ -189,29 +189,23 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
     No concurrency options: the actor runs its methods one at a time on its main thread,
     where torch.compile's CUDA-graph state lives.
     """
-    pool = _live_pool()
+    pool = actor_pool.live()
     runtime_env = _runtime_env()
-    key = _Key(cls, placement.group.id.hex() if placement.group is not None else None,
-               placement.bundle, placement.cpus, placement.gpus,
-               json.dumps(runtime_env, sort_keys=True))
-    idle = pool["actors"].get(key) if pool is not None else None
-    if idle:
-        handle = idle.pop()
+    key = actor_pool.Key(cls, placement.group.id.hex() if placement.group is not None else None,
+                         placement.bundle, placement.cpus, placement.gpus,
+                         json.dumps(runtime_env, sort_keys=True))
+    handle = actor_pool.take_idle(pool, key) if pool is not None else None
+    if handle is not None:
         try:
             # Waited for: a constructor that fails here is run again in a new actor below,
             # where it fails as any actor's does (the caller's error handling unchanged).
             ray.get(handle.__rebuild__.remote(**kwargs))
-            pool["born"][handle._actor_id.hex()] = key
+            actor_pool.born(pool, handle, key)
             return handle
         except Exception:
             ray.kill(handle)
     if pool is not None and placement.group is not None:
-        # Idle kept actors in this bundle (another class, another environment) hold what the
-        # new actor needs there: it would wait for them forever.
-        for other in [k for k in pool["actors"]
-                      if (k.group, k.bundle) == (key.group, key.bundle)]:
-            for stale in pool["actors"].pop(other):
-                ray.kill(stale)
+        actor_pool.clear_bundle(pool, key)
     options: dict[str, Any] = {"num_cpus": placement.cpus}
     if runtime_env is not None:
         options["runtime_env"] = runtime_env
@@ -224,7 +218,7 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
         kwargs["_kept"] = True
     handle = ray.remote(_actor_class(cls)).options(**options).remote(**kwargs)
     if pool is not None:
-        pool["born"][handle._actor_id.hex()] = key
+        actor_pool.born(pool, handle, key)
     return handle
 
 
@@ -244,8 +238,9 @@ def _actor_class(cls: type) -> type:
         startup_gc.started()
 
     def __rebuild__(self: Any, **kwargs: Any) -> None:
-        """The same process as a new actor of ``cls`` (a kept actor, :func:`keep_actors`):
-        the old object's state dropped, the constructor run again."""
+        """The same process as a new actor of ``cls`` (a kept actor,
+        :func:`pipeline.actor_pool.keep_actors`): the old object's state dropped, the
+        constructor run again."""
         self.__dict__.clear()
         gc.collect()
         cls.__init__(self, **kwargs)
@@ -292,111 +287,7 @@ def _as_task(fn: Callable[..., Any]) -> Any:
 
 
 def kill_actors(handles: list[Any]) -> None:
-    pool = _live_pool()
+    """Kill ``handles`` now; none of them is kept for a next job."""
     for handle in handles:
-        if pool is not None:
-            pool["born"].pop(handle._actor_id.hex(), None)
+        actor_pool.forget(handle)
         ray.kill(handle)
-
-
-class _Key(NamedTuple):
-    """What a kept actor can serve: the same class in the same place, under the environment
-    its process was started with (a kept process keeps it)."""
-
-    cls: type
-    group: Optional[str]  # the placement group's id, None outside one
-    bundle: int
-    cpus: float
-    gpus: float
-    env: str  # the runtime_env, as JSON
-
-
-# Actors kept across jobs of this process (keep_actors): idle ones by _Key, and the key each
-# live one was started under.
-_pool: Optional[dict[str, Any]] = None
-
-
-def keep_actors() -> None:
-    """From now on in this process, actors a job closed cleanly are kept, with their placement
-    groups, for the next job that asks for the same class in the same place: their processes
-    (a Ray worker, torch and the model code imported) are built again in place instead of
-    started anew."""
-    global _pool
-    _pool = {"gcs": None, "actors": {}, "born": {}, "groups": {}}
-
-
-def _live_pool() -> Optional[dict[str, Any]]:
-    """The pool, emptied when Ray was started again since (its handles are gone)."""
-    if _pool is None or not ray.is_initialized():
-        return None
-    gcs = ray.get_runtime_context().gcs_address
-    if _pool["gcs"] != gcs:
-        _pool.update(gcs=gcs, actors={}, born={}, groups={})
-    return _pool
-
-
-# Kept actors outside any placement group (a prefetcher, an evaluator) hold their CPUs while
-# idle: one a class, and this many in all, the oldest killed first.
-_LOOSE_KEPT = 2
-
-
-def release_actors(handles: list[Any]) -> None:
-    """Actors a job closed cleanly: kept for the next job where actors are kept, else killed."""
-    pool = _live_pool()
-    for handle in handles:
-        key = pool["born"].pop(handle._actor_id.hex(), None) if pool is not None else None
-        if key is None:
-            ray.kill(handle)
-            continue
-        if key.group is None:
-            loose = [k for k in pool["actors"] if k.group is None]
-            same = [k for k in loose if k.cls is key.cls]
-            others = [k for k in loose if k.cls is not key.cls]
-            for old in same + others[:len(others) + 1 - _LOOSE_KEPT]:
-                for idle in pool["actors"].pop(old):
-                    ray.kill(idle)
-        pool["actors"].setdefault(key, []).append(handle)
-
-
-def kept_groups(spec: Any) -> Optional[list[Any]]:
-    """Placement groups kept under ``spec`` (taken out of the pool); every other kept group
-    is removed (its kept actors with it). None where none are kept."""
-    pool = _live_pool()
-    if pool is None:
-        return None
-    found = pool["groups"].pop(spec, None)
-    _remove_kept_groups(pool)
-    return found
-
-
-def _remove_kept_groups(pool: dict[str, Any]) -> None:
-    """Remove every kept placement group; Ray kills the kept actors in them."""
-    removed = set()
-    for groups in pool["groups"].values():
-        for group in groups:
-            ray.util.remove_placement_group(group.pg)
-            removed.add(group.pg.id.hex())
-    pool["groups"] = {}
-    pool["actors"] = {k: v for k, v in pool["actors"].items() if k.group not in removed}
-
-
-def drop_kept_actors() -> None:
-    """Kill every kept actor and remove every kept placement group (actors are still kept
-    from now on)."""
-    pool = _live_pool()
-    if pool is None:
-        return
-    _remove_kept_groups(pool)
-    for idle in pool["actors"].values():  # those outside a group
-        for handle in idle:
-            ray.kill(handle)
-    pool["actors"] = {}
-
-
-def keep_groups(spec: Any, groups: list[Any]) -> bool:
-    """Keep ``groups`` under ``spec`` where actors are kept (True), else False."""
-    pool = _live_pool()
-    if pool is None:
-        return False
-    pool["groups"][spec] = list(groups)
-    return True

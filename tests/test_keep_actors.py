@@ -1,4 +1,4 @@
-"""Actors kept across jobs (pipeline.ray_start.keep_actors): a cleanly released actor is built
+"""Actors kept across jobs (pipeline.actor_pool.keep_actors): a cleanly released actor is built
 again in its own process for the next request of its class in the same place, with none of
 the old object's state, and only under the environment it was started with; a constructor that
 fails there fails as in a new actor; without keeping, a released actor is killed."""
@@ -10,8 +10,9 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from pipeline import ray_start
-from pipeline.ray_start import Placement, release_actors, start_actor
+from pipeline import actor_pool
+from pipeline.actor_pool import release_actors
+from pipeline.ray_start import Placement, start_actor
 
 
 class Counter:
@@ -47,14 +48,14 @@ def _dead(actor, timeout_s: float = 30.0) -> bool:
 def group(ray_session):
     pg = placement_group([{"CPU": 0.25}])
     ray.get(pg.ready())
-    kept = ray_start._pool
+    kept = actor_pool._pool
     yield Placement(cpus=0.25, group=pg, bundle=0)
-    ray_start._pool = kept
+    actor_pool._pool = kept
     remove_placement_group(pg)
 
 
 def test_a_released_actor_is_built_again_in_its_process(group):
-    ray_start.keep_actors()
+    actor_pool.keep_actors()
     first = start_actor(Counter, group, start=1)
     assert ray.get(first.step.remote()) == 2
     pid, _ = ray.get(first.state.remote())
@@ -77,7 +78,7 @@ def test_a_released_actor_is_built_again_in_its_process(group):
 def test_a_kept_actor_serves_only_the_environment_it_was_started_with(group, monkeypatch):
     """A process keeps the environment it started with: a request under another (a variable
     actors are given changed since) gets a new process, and the kept one is not handed out."""
-    ray_start.keep_actors()
+    actor_pool.keep_actors()
     first = start_actor(Counter, group, start=1)
     pid, _ = ray.get(first.state.remote())
     release_actors([first])
@@ -88,12 +89,12 @@ def test_a_kept_actor_serves_only_the_environment_it_was_started_with(group, mon
     assert ray.get(other.__ray_call__.remote(lambda self: os.environ["WANDB_MODE"])) == \
         "changed-for-this-test"
     ray.kill(other)
-    ray_start.drop_kept_actors()
+    actor_pool.drop_kept_actors()
     assert _dead(first)
 
 
 def test_without_keeping_a_released_actor_is_killed(group):
-    ray_start._pool = None
+    actor_pool._pool = None
     actor = start_actor(Counter, group, start=1)
     ray.get(actor.step.remote())
     release_actors([actor])
@@ -111,8 +112,8 @@ class Third(Counter):
 def test_actors_outside_a_group_are_kept_one_a_class_two_in_all(ray_session):
     """They hold their CPUs while idle: a class's newest replaces its last (and no other), and
     the oldest goes once a third is kept."""
-    kept = ray_start._pool
-    ray_start.keep_actors()
+    kept = actor_pool._pool
+    actor_pool.keep_actors()
     try:
         actors = [start_actor(cls, Placement(cpus=cpus), start=0)
                   for cls, cpus in ((Counter, 0.25), (Counter, 0.5), (Other, 0.25),
@@ -131,5 +132,5 @@ def test_actors_outside_a_group_are_kept_one_a_class_two_in_all(ray_session):
         assert _dead(third)
         assert ray.get([other.step.remote(), third_again.step.remote()]) == [4, 2]
     finally:
-        ray_start.drop_kept_actors()
-        ray_start._pool = kept
+        actor_pool.drop_kept_actors()
+        actor_pool._pool = kept

@@ -36,7 +36,7 @@ PACKAGE = Path(pipeline.__file__).resolve().parent
 
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"__init__.py", "startup_gc.py", "validate.py", "dtypes.py", "diskfull.py",
-              "preflight.py", "config_keys.py", "wandb_env.py", "ray_start.py", "error_chain.py",
+              "preflight.py", "config_keys.py", "wandb_env.py", "ray_start.py", "actor_pool.py", "error_chain.py",
               "kept_actor.py", "stop_signals.py",
               "dist", "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),

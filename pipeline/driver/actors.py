@@ -28,7 +28,8 @@ from pipeline.driver.drafter_group import DrafterGroup, policy_for
 from pipeline.driver.launcher import NodeGroup, node_groups, release_groups, remove_groups
 from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
-from pipeline.ray_start import Placement, kill_actors, release_actors, start_actor
+from pipeline.actor_pool import release_actors
+from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.transport.shared import remove_dead_manager_folders
 from pipeline.workers.drafter_worker import DrafterWorker

@@ -29,7 +29,8 @@ from pipeline import stop_signals
 from pipeline.config import JobConfig, weights_ring
 from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.scheduler import AfterStepCall
-from pipeline.ray_start import Placement, kill_actors, release_actors, start_actor
+from pipeline.actor_pool import release_actors
+from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
 

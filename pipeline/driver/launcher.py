@@ -22,7 +22,8 @@ from ray.util.placement_group import (placement_group, placement_group_table,
 
 from pipeline.config import ClusterConfig
 from pipeline.eval.config import EvalConfig
-from pipeline.ray_start import Placement, keep_groups, kept_groups
+from pipeline.actor_pool import keep_groups, kept_groups
+from pipeline.ray_start import Placement
 from pipeline.resolve import cluster_device
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport
 from pipeline.job_data import load_job_data
-from pipeline.ray_start import drop_kept_actors, init_local
+from pipeline.actor_pool import drop_kept_actors
+from pipeline.ray_start import init_local
 from pipeline.resolve import resolve_job
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader, SlotRing
