@@ -59,6 +59,11 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
             for rank in range(cfg.num_workers)]
 
 
+def describe_generators(workers: Sequence[Any]) -> list[str]:
+    """Each generator's line (GeneratorWorker.describe), once all are built."""
+    return ray.get([w.describe.remote() for w in workers])
+
+
 def stop_generators(workers: Sequence[Any]) -> None:
     kill_actors(list(workers))
 

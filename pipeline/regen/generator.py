@@ -45,6 +45,7 @@ class GeneratorWorker:
         # One static decoder for the worker's life: its cache and captured graphs serve
         # every call that fits them (pipeline.regen.static_engine.StaticEngine).
         self.static = None
+        how = ""
         if engine == "static" and self._static_serves():
             from pipeline.regen.static_attention import resolve_attention
             from pipeline.regen.static_engine import StaticEngine
@@ -52,14 +53,19 @@ class GeneratorWorker:
             self.engine = "static"
             param = next(self.model.parameters())
             attention = resolve_attention(static_attention, param.device, param.dtype)
-            if attention != static_attention:
-                log.info("generator %d: --static-attention auto: %s on %s (%s)", rank,
-                         attention, param.device, param.dtype)
+            how = (f" ({static_rows} rows, {attention} attention"
+                   f"{' picked by auto' if static_attention == 'auto' else ''})")
             self.static = StaticEngine(self.model, static_rows, attention=attention,
                                        compile_step=static_compile,
                                        compile_prefill=static_compile_prefill)
-        log.info("generator %d: %s on %s (%s), engine %s, stop ids %s", rank, target_path,
-                 self.device, dtype, self.engine, self.stops)
+        self.description = (f"generator {rank}: {target_path} on {self.device} ({dtype}), "
+                            f"engine {self.engine}{how}, stop ids {self.stops}")
+        log.info("%s", self.description)
+
+    def describe(self) -> str:
+        """One line: the model, the device, the engine that answers and how, the stop ids.
+        Ray drops an actor's info lines, so the driver asks for this one and logs it."""
+        return self.description
 
     def _static_serves(self) -> bool:
         """Whether the static-cache engine serves this model; else one line and generate."""

@@ -17,8 +17,9 @@ from typing import Iterator
 from pipeline.assets import resolve_target_path
 from pipeline.data.reader import Conversation, read_conversations
 from pipeline.data.stats import DataStats
-from pipeline.regen.actors import (ordered_results, pick_device, pick_dtype, ray_session,
-                                   start_generators, stop_generators)
+from pipeline.regen.actors import (describe_generators, ordered_results, pick_device,
+                                   pick_dtype, ray_session, start_generators,
+                                   stop_generators)
 from pipeline.regen.config import RegenConfig
 from pipeline.regen.messages import GenRequest, GenResult
 from pipeline.regen.output import format_record, resume_output
@@ -149,6 +150,8 @@ def _generate_on_ray(plan: Plan, batches: Iterator[list[GenRequest]],
         dtype = pick_dtype(cfg, device)
         workers = start_generators(cfg, plan.target_path, device, dtype)
         log.info("regenerating with %d generator(s) on %s (%s)", len(workers), device, dtype)
+        for line in describe_generators(workers):
+            log.info("%s", line)
         if (note := cfg.compile_note()) is not None:
             log.info("%s", note)
         with open(cfg.output, "a", encoding="utf-8") as out:

@@ -114,6 +114,8 @@ def test_static_engine_with_another_step_stores_the_same_records(workers, target
                             max_new_tokens=MAX_NEW, engine="static", static_rows=2,
                             static_attention=attention)
     assert other.static.attention == runs
+    picked = " picked by auto" if attention == "auto" else ""
+    assert f"engine static (2 rows, {runs} attention{picked})" in other.describe()
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
     assert [(r.messages, r.turns) for r in other.generate(requests)] == [
         (r.messages, r.turns) for r in plain.generate(requests)]
@@ -126,6 +128,7 @@ def test_static_engine_falls_back_in_one_line_for_a_family_it_cannot_serve(caplo
                              device="cpu", dtype=torch.float32, max_new_tokens=4,
                              engine="static")
     assert worker.engine == "generate"
+    assert "engine generate, stop ids" in worker.describe()  # the engine that answers
     lines = [r.getMessage() for r in caplog.records if "static engine" in r.getMessage()]
     assert len(lines) == 1 and "falling back to generate" in lines[0]
 

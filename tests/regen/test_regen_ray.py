@@ -1,6 +1,7 @@
 """`pipeline.regenerate` end to end on a local Ray: order, equality, resume, bad lines."""
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_malformed_line_stops_before_any_actor(bad_file, tiny_assets, tmp_path, 
 
 
 def test_skip_mode_counts_and_reports_the_bad_line(ray_cluster, tiny_assets, bad_file,
-                                                  tmp_path, capsys):
+                                                  tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
     out = tmp_path / "out.jsonl"
     code = main(["--input", str(bad_file), "--output", str(out), "--target", "builtin:tiny",
                  "--num-workers", "1", "--batch-size", "2", "--max-new-tokens", "8",
@@ -117,6 +119,9 @@ def test_skip_mode_counts_and_reports_the_bad_line(ray_cluster, tiny_assets, bad
     assert [r["source_line"] for r in _records(out)] == [0, 1, 3]
     printed = capsys.readouterr().out
     assert "read=4 resumed=0 regenerated=3 skipped_bad=1" in printed
+    # The generator's line comes from the driver: an actor's info lines never reach it.
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("generator 0:")]
+    assert len(said) == 1 and "engine static (" in said[0], said
 
 
 def test_cuda_without_gpus_names_the_flags(ray_cluster, tiny_assets, chat_file, tmp_path):
