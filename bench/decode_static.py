@@ -26,7 +26,8 @@ steps and of three replays there. The JSON is written after every part.
 
 Models: an HF folder; ``gguf:FILE`` (dequantised to a dense model in ``--dtype``, tokenizer
 and chat template from the file); ``qwen3_8b_random`` (Qwen3-8B's config, random weights made
-on the device). Prompts: HumanEval's 164 prompts as a user turn rendered with the chat
+on the device; ``--layers N`` cuts it to N decoder layers, for a profile or a compile in a
+fraction of the time). Prompts: HumanEval's 164 prompts as a user turn rendered with the chat
 template, repeated to ``--prompts`` (the sustained set: HumanEval's, then requests about
 documented stdlib APIs, ``decode_common.chat_prompts``); or, with ``--random-prompts MIN:MAX`` (the default for
 ``qwen3_8b_random`` is 128:512), random token ids with no stop token (every answer runs to
@@ -49,12 +50,23 @@ from bench.decode_common import (RANDOM_8B, chat_prompts, compare, humaneval_pro
 RUNS = ("static", "static_eager", "hf", "hf_static")
 
 
-def load_model(source: str, device: str, dtype: torch.dtype):
-    """(model, tokenizer or None) for an HF folder, ``gguf:FILE`` or ``qwen3_8b_random``."""
+def random_8b_fields(layers: int | None = None) -> dict:
+    """Qwen3-8B's config fields, with ``layers`` decoder layers where given."""
+    from pipeline.model.config import qwen3_8b_config
+
+    fields = {k: v for k, v in qwen3_8b_config().items() if k != "architectures"}
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
+    return fields
+
+
+def load_model(source: str, device: str, dtype: torch.dtype, layers: int | None = None):
+    """(model, tokenizer or None) for an HF folder, ``gguf:FILE`` or ``qwen3_8b_random`` (with
+    ``layers`` decoder layers where given)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if source == RANDOM_8B:
-        return random_qwen3(device, dtype), None
+        return random_qwen3(device, dtype, random_8b_fields(layers)), None
     if source.startswith("gguf:"):
         import transformers
 
@@ -202,9 +214,10 @@ def sustained_run(args, model, prompts, stops) -> dict:
 
 def measure(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    model, tokenizer = load_model(args.model, args.device, dtype)
+    model, tokenizer = load_model(args.model, args.device, dtype, args.layers)
     prompts, sustained, stops, pad_id, source = load_prompts(args, model, tokenizer)
-    result = {"model": args.model, "device": args.device, "dtype": args.dtype, "batch": args.batch,
+    result = {"model": args.model, "layers": model.config.num_hidden_layers,
+              "device": args.device, "dtype": args.dtype, "batch": args.batch,
               "prompts": len(prompts), "prompt_source": source,
               "prompt_tokens": _lengths(prompts), "attention": args.attention,
               "max_new_tokens": args.max_new_tokens, "stops": sorted(stops),
@@ -271,6 +284,10 @@ def main(argv=None) -> dict:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="HF folder, gguf:FILE or qwen3_8b_random")
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"{RANDOM_8B} only: the 8B shape with this many decoder layers (36): "
+                        "a profile or a compile in a fraction of the time, each layer's "
+                        "kernels as in the whole model")
     p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch", type=int, default=512)
@@ -313,6 +330,8 @@ def main(argv=None) -> dict:
     if args.compile_step and args.attention not in ROW_LENGTHS:
         p.error(f"--compile-step needs --attention {' or '.join(ROW_LENGTHS)}, "
                 f"not {args.attention}")
+    if args.layers is not None and (args.model != RANDOM_8B or args.layers < 1):
+        p.error(f"--layers {args.layers}: a count of 1 or more, with --model {RANDOM_8B} only")
     if args.profile is not None and not args.step_rows:
         p.error("--profile profiles the step timing: give --step-rows too")
     result = measure(args)

@@ -3,6 +3,7 @@ engine's answers equal HF generate's (the bench's own comparison says so)."""
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -102,3 +103,22 @@ def test_split_of_a_call_decoded_wholly_apart():
     assert split["all_decoded_apart"] is True and split["prompts"] == 3
     assert split["steps"] == engine.last_stats["long"]["steps"] > 0
     assert 0 < split["decode_s"] <= split["wall_s"]
+
+
+def test_layers_cut_the_8b_shape_and_nothing_else(capsys):
+    """``--layers``: the 8B config with fewer decoder layers, every other field the same; refused
+    for another model or a count under 1, naming the flag."""
+    from transformers import Qwen3Config
+
+    whole, cut = decode_static.random_8b_fields(), decode_static.random_8b_fields(2)
+    assert whole["num_hidden_layers"] == 36 and cut["num_hidden_layers"] == 2
+    assert {k: v for k, v in cut.items() if k != "num_hidden_layers"} == \
+        {k: v for k, v in whole.items() if k != "num_hidden_layers"}
+    config = Qwen3Config(**cut)
+    assert config.num_hidden_layers == 2 and config.hidden_size == 4096
+    for argv in (["--model", "some/folder", "--layers", "2"],
+                 ["--model", "qwen3_8b_random", "--layers", "0"]):
+        with pytest.raises(SystemExit):
+            decode_static.main([*argv, "--runs="])
+        assert f"--layers {argv[-1]}: a count of 1 or more, with --model qwen3_8b_random only" \
+            in capsys.readouterr().err
