@@ -37,14 +37,22 @@ def humaneval_prompts(tokenizer, path: str, count: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(count)]
 
 
+def random_8b_fields(layers: Optional[int] = None) -> dict:
+    """Qwen3-8B's config fields, with ``layers`` decoder layers where given."""
+    from pipeline.model.config import qwen3_8b_config
+
+    fields = {k: v for k, v in qwen3_8b_config().items() if k != "architectures"}
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
+    return fields
+
+
 def random_qwen3(device: str, dtype: torch.dtype, fields: Optional[dict] = None):
     """A Qwen3 with random weights made on ``device``: Qwen3-8B's config unless ``fields``;
     its generation config stops nowhere (random weights have no end of answer)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from pipeline.model.config import qwen3_8b_config
-
-    fields = fields or {k: v for k, v in qwen3_8b_config().items() if k != "architectures"}
+    fields = fields or random_8b_fields()
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(Qwen3Config(**fields), dtype=dtype)

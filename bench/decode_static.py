@@ -45,19 +45,9 @@ from pathlib import Path
 import torch
 
 from bench.decode_common import (RANDOM_8B, chat_prompts, compare, humaneval_prompts,
-                                 random_qwen3, sync, timed)
+                                 random_8b_fields, random_qwen3, sync, timed)
 
 RUNS = ("static", "static_eager", "hf", "hf_static")
-
-
-def random_8b_fields(layers: int | None = None) -> dict:
-    """Qwen3-8B's config fields, with ``layers`` decoder layers where given."""
-    from pipeline.model.config import qwen3_8b_config
-
-    fields = {k: v for k, v in qwen3_8b_config().items() if k != "architectures"}
-    if layers is not None:
-        fields["num_hidden_layers"] = layers
-    return fields
 
 
 def load_model(source: str, device: str, dtype: torch.dtype, layers: int | None = None):

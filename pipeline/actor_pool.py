@@ -72,11 +72,12 @@ def clear_bundle(pool: dict[str, Any], key: Key) -> None:
             ray.kill(stale)
 
 
-def forget(handle: Any) -> None:
-    """``handle`` is about to be killed: never keep it."""
+def forget(handles: list[Any]) -> None:
+    """``handles`` are about to be killed: never keep them."""
     pool = live()
     if pool is not None:
-        pool["born"].pop(handle._actor_id.hex(), None)
+        for handle in handles:
+            pool["born"].pop(handle._actor_id.hex(), None)
 
 
 def release_actors(handles: list[Any]) -> None:

@@ -288,6 +288,6 @@ def _as_task(fn: Callable[..., Any]) -> Any:
 
 def kill_actors(handles: list[Any]) -> None:
     """Kill ``handles`` now; none of them is kept for a next job."""
+    actor_pool.forget(handles)
     for handle in handles:
-        actor_pool.forget(handle)
         ray.kill(handle)

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from bench import decode_static
+from bench.decode_common import random_8b_fields
 
 
 def test_bench_runs_and_matches_generate(tmp_path):
@@ -110,7 +111,7 @@ def test_layers_cut_the_8b_shape_and_nothing_else(capsys):
     for another model or a count under 1, naming the flag."""
     from transformers import Qwen3Config
 
-    whole, cut = decode_static.random_8b_fields(), decode_static.random_8b_fields(2)
+    whole, cut = random_8b_fields(), random_8b_fields(2)
     assert whole["num_hidden_layers"] == 36 and cut["num_hidden_layers"] == 2
     assert {k: v for k, v in cut.items() if k != "num_hidden_layers"} == \
         {k: v for k, v in whole.items() if k != "num_hidden_layers"}
