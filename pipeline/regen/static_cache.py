@@ -35,9 +35,10 @@ def check_supported(model) -> None:
 class RowCache(Cache):
     """Per-layer K/V buffers of shape ``[rows, kv_heads, max_length, head_dim]``.
 
-    Before each forward the decoder sets either ``prefill_rows`` (a prefill of those rows,
-    from column 0) or ``positions`` with ``span`` (a decode step: one token per row, written
-    at that row's position; attention then reads columns ``[0, span)`` of every row).
+    Before each forward the decoder sets either ``prefill_rows`` with ``prefill_columns`` (a
+    prefill of those rows, into columns ``arange(width)``) or ``positions`` with ``span`` (a
+    decode step: one token per row, written at that row's position; attention then reads
+    columns ``[0, span)`` of every row).
     """
 
     def __init__(self, config, rows: int, max_length: int, dtype: torch.dtype,
@@ -56,21 +57,30 @@ class RowCache(Cache):
         self.value_buffers = [torch.zeros(shape, dtype=dtype, device=device)
                               for _ in range(config.num_hidden_layers)]
         self.row_ids = torch.arange(rows, device=device)
+        self.head_ids = torch.arange(kv_heads, device=device)
         self.max_length = max_length
         self.prefill_rows: torch.Tensor | None = None
+        self.prefill_columns: torch.Tensor | None = None  # arange(width) of a prefill
         self.positions: torch.Tensor | None = None
         self.span = max_length
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         keys, values = self.key_buffers[layer_idx], self.value_buffers[layer_idx]
         if self.prefill_rows is not None:
-            width = key_states.shape[2]
+            # Rows and columns both as index tensors into the whole buffer, not a slice of it
+            # (``keys[rows, :width] = ...``): torch.compile turns a write through a slice of an
+            # input into a copy of that slice for every row of the cache and a copy back, each
+            # layer (at the 8B shape, on an H100: 43% of a compiled prefill's GPU time outside its
+            # matmuls, 11% of all; docs/BENCHMARKS.md, 2026-12-07).
+            # (A ``:`` between index tensors is such a slice too, hence the heads' own index.)
+            rows, cols = self.prefill_rows, self.prefill_columns
             if self.token_major:
-                keys[self.prefill_rows, :width] = key_states.transpose(1, 2)
-                values[self.prefill_rows, :width] = value_states.transpose(1, 2)
+                keys[rows[:, None], cols[None]] = key_states.transpose(1, 2)
+                values[rows[:, None], cols[None]] = value_states.transpose(1, 2)
             else:
-                keys[self.prefill_rows, :, :width] = key_states
-                values[self.prefill_rows, :, :width] = value_states
+                at = (rows[:, None, None], self.head_ids[None, :, None], cols[None, None])
+                keys[at] = key_states
+                values[at] = value_states
             # The prompt attends to itself only: no need to read the buffers back.
             return key_states, value_states
         assert key_states.shape[2] == 1, "a decode step feeds one token per row"

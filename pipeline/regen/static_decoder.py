@@ -226,14 +226,14 @@ class StaticDecoder:
         ids = ids.to(dev)
         cols = torch.arange(width, device=dev)
         row_index = torch.tensor(rows, device=dev)
-        self.cache.prefill_rows = row_index
+        self.cache.prefill_rows, self.cache.prefill_columns = row_index, cols
         try:
             # Right padding: attention is causal within the group (static_attention._prefill).
             hidden = self.prefill_forward(input_ids=ids, position_ids=cols[None].expand(n, width),
                                attention_mask=lengths.to(torch.int32).view(n, 1, 1, 1),
                                use_cache=True, **{self.cache_kw: self.cache}).last_hidden_state
         finally:
-            self.cache.prefill_rows = None
+            self.cache.prefill_rows = self.cache.prefill_columns = None
         first = self.head(hidden[torch.arange(n, device=dev), lengths - 1]).argmax(-1)
         self.ids[row_index] = first
         self.pos[row_index] = lengths

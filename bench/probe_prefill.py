@@ -1,0 +1,69 @@
+"""Probe: the compiled prefill at the Qwen3-8B shape, cut to a few layers (random weights,
+256 prompts of 128-512 tokens, longest first as the engine orders a wave's refills), timed at
+one call of the engine's size (16k padded tokens) and one of 4x; ``--profile`` writes that
+call's top kernels. Variants: the attention's grouped heads repeated (the engine's) or handed
+to SDPA as groups (``--variant gqa``), symbolic shapes (the engine's) or static
+(``--dynamic 0``). On an H100 (2026-12-07) neither moved a call by more than 6%; what did was
+the cache write (``RowCache.update``, docs/BENCHMARKS.md).
+
+    python -m bench.probe_prefill --variant repeat --dynamic 1 --layers 4 --profile FILE
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import pipeline.regen.static_attention as sa
+from bench.decode_static import load_model, random_prompts
+from bench.decode_step import _filled, prefill_timing
+
+
+def gqa_prefill(query, key, value, scaling):
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                          enable_gqa=key.shape[1] != query.shape[1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--variant", choices=("repeat", "gqa"), default="repeat")
+    p.add_argument("--dynamic", type=int, default=1)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--profile", type=Path)
+    args = p.parse_args()
+    if args.variant == "gqa":
+        sa._prefill = gqa_prefill
+    if not args.dynamic:
+        import pipeline.regen.static_decoder as sd
+        sd.compiled_prefill = lambda body: torch.compile(body, backend="inductor",
+                                                         dynamic=False, fullgraph=True)
+    model, _ = load_model("qwen3_8b_random", "cuda", torch.bfloat16, args.layers)
+    prompts = random_prompts("128:512", args.rows, model.config.vocab_size)
+    prompts.sort(key=len, reverse=True)  # as the engine orders a wave's refills
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        decoder = _filled(model, prompts, 4, "triton", compile_prefill=True)
+        fill_s = time.perf_counter() - t0
+        figures = prefill_timing(decoder, prompts, [], args.profile)
+    q = torch.zeros(32, 32, 512, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(32, 8, 512, 128, dtype=torch.bfloat16, device="cuda")
+    backends = {}
+    for name in ("flash", "efficient", "cudnn"):
+        try:
+            params = torch.backends.cuda.SDPAParams(q, k, k, None, 0.0, True, True)
+            backends[name] = bool(getattr(torch.backends.cuda, f"can_use_{name}_attention")(params, True))
+        except Exception as e:
+            backends[name] = f"{type(e).__name__}: {e}"
+    print(json.dumps({"gqa_backends": backends}))
+    print(json.dumps({"variant": args.variant, "dynamic": args.dynamic, "layers": args.layers,
+                      "fill_s": round(fill_s, 1), **figures,
+                      "gpu": torch.cuda.get_device_name()}))
+
+
+if __name__ == "__main__":
+    main()
