@@ -7,6 +7,7 @@ to SDPA as groups (``--variant gqa``), symbolic shapes (the engine's) or static
 the cache write (``RowCache.update``, docs/BENCHMARKS.md).
 
     python -m bench.probe_prefill --variant repeat --dynamic 1 --layers 4 --profile FILE
+    python -m bench.probe_prefill --padding   # CPU: the padded share of the 8B run's prefills
 """
 from __future__ import annotations
 
@@ -21,6 +22,24 @@ import torch.nn.functional as F
 import pipeline.regen.static_attention as sa
 from bench.decode_static import load_model, random_prompts
 from bench.decode_step import _filled, prefill_timing
+from pipeline.regen.static_decoder import aligned_columns, prefill_group_end
+
+
+def padded_share(lengths: list[int], rows: int, budget: int, multiple: int) -> float:
+    """Padded tokens over prompt tokens when the engine prefills ``lengths`` (longest first,
+    ``rows`` prompts a wave, groups of ``budget`` padded tokens) with widths rounded up to
+    ``multiple``."""
+    ordered = sorted(lengths, reverse=True)
+    real = padded = 0
+    for at in range(0, len(ordered), rows):
+        wave = [[0] * n for n in ordered[at:at + rows]]
+        start = 0
+        while start < len(wave):
+            end, width = prefill_group_end(wave, start, budget)
+            padded += (end - start) * aligned_columns(width, multiple)
+            real += sum(map(len, wave[start:end]))
+            start = end
+    return padded / real - 1
 
 
 def gqa_prefill(query, key, value, scaling):
@@ -35,7 +54,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--profile", type=Path)
+    p.add_argument("--padding", action="store_true",
+                   help="print the padded share of 1,024 prompts of 128-512 tokens on 512 rows")
     args = p.parse_args()
+    if args.padding:
+        lengths = [len(x) for x in random_prompts("128:512", 1024, 2)]
+        print(json.dumps({f"rounded_to_{m}": round(padded_share(lengths, 512, 16384, m), 4)
+                          for m in (16, 1)}))
+        return
     if args.variant == "gqa":
         sa._prefill = gqa_prefill
     if not args.dynamic:
