@@ -19,11 +19,12 @@ the pipeline's own conversion) and for the Qwen3-8B shape (random weights); tau 
 64 prompts x 256 new tokens by the batched evaluator and by the per-prompt one on 2 prompts
 (``bench.decode_eval``); the 8B training step alone and beside a running evaluation
 (``bench.eval_beside_training``); and the CPU fp32 check that the two evaluators give the
-same tau and outputs. transformers' continuous batching (``bench.decode_regen``), the
-sustained runs with the decode step compiled (``smol_compile``, ``q8b_compile``,
-``q8b_triton_compile``, and with the prefills compiled too ``q8b_compile_prefill``) and those
-on the ``varlen`` step (``smol_varlen``, ``q8b_varlen``) run only when named in ``--only``;
-the sustained runs on the ``triton`` step, regeneration's default on CUDA, run by default.
+same tau and outputs. The sustained runs on the ``triton`` step, regeneration's default on
+CUDA, run by default, and at the 8B shape also with the step and the prefills compiled
+(``q8b_compile_prefill``, what the README gives a long regeneration); transformers'
+continuous batching (``bench.decode_regen``), the other compiled runs (``smol_compile``,
+``q8b_compile``, ``q8b_triton_compile``) and those on the ``varlen`` step (``smol_varlen``,
+``q8b_varlen``) run only when named in ``--only``.
 The sustained runs' rows follow the card (``ROWS``: fewer on an 80 GB card, where the H200's
 rows leave prompts outside the kept cache); the JSON says which (``sustained_rows``).
 The runs share ``--budget-s``: each gets what is left (at most its own cap), and one that
@@ -147,16 +148,19 @@ MIN_START_S = 20  # a run is not started with less of the budget left than this
 # some 900 s on an H200 (2026-12-05: with a 500 s budget the 8B runs and the triton runs were
 # cut or skipped). Each part adds its runs to --out: one JSON, the parts in either order
 # (part 2 needs no GGUF, so it can run while the file is still being carried over).
-PARTS = {"1": ("smol_triton", "smol_static", "smol_eval", "q8b_triton", "smol_triton_prefill64k",
-               "cpu_eval_equal"),
+# Part 1 took 275 s on the H200 on 2026-12-06; the 8B run with both compiles (some 150 s of
+# set-up on an empty compile cache, the configuration the README gives a long regeneration)
+# fits beside it in one call.
+PARTS = {"1": ("smol_triton", "smol_static", "smol_eval", "q8b_triton", "q8b_compile_prefill",
+               "smol_triton_prefill64k", "cpu_eval_equal"),
          "2": ("q8b_static", "q8b_eval", "q8b_beside")}
 # Run only when named in --only: continuous batching (measured on 2026-12-03, docs/BENCHMARKS.md,
-# and slow: 90 s), the compiled steps and prefills (a compile of up to a minute each), and the
+# and slow: 90 s), the other compiled runs (a compile of up to a minute each), and the
 # varlen step (auto's pick until the triton step measured faster on an H100, 2026-12-05), and
 # the prefill calls 4x larger (until the prefill's figures say whether the host bounds them;
 # on the H200 on 2026-12-05 they did, so ``--part 1`` runs it, last).
 ON_REQUEST = ("smol_cb", "smol_triton_prefill64k", "smol_compile", "q8b_compile", "smol_varlen",
-              "q8b_varlen", "q8b_triton_compile", "q8b_compile_prefill")
+              "q8b_varlen", "q8b_triton_compile")
 
 
 class Run:
