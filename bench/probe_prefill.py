@@ -78,12 +78,13 @@ def main() -> None:
         figures = prefill_timing(decoder, prompts, [], args.profile)
     q = torch.zeros(32, 32, 512, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.zeros(32, 8, 512, 128, dtype=torch.bfloat16, device="cuda")
-    backends = {}
+    backends = {}  # which fused kernels take grouped heads as they are (enable_gqa)
     for name in ("flash", "efficient", "cudnn"):
         try:
             params = torch.backends.cuda.SDPAParams(q, k, k, None, 0.0, True, True)
-            backends[name] = bool(getattr(torch.backends.cuda, f"can_use_{name}_attention")(params, True))
-        except Exception as e:
+            check = getattr(torch.backends.cuda, f"can_use_{name}_attention")
+            backends[name] = bool(check(params, True))
+        except Exception as e:  # another signature in another torch: say so
             backends[name] = f"{type(e).__name__}: {e}"
     print(json.dumps({"gqa_backends": backends}))
     print(json.dumps({"variant": args.variant, "dynamic": args.dynamic, "layers": args.layers,
