@@ -64,6 +64,11 @@ def describe_generators(workers: Sequence[Any]) -> list[str]:
     return ray.get([w.describe.remote() for w in workers])
 
 
+def engine_counts(workers: Sequence[Any]) -> list[dict]:
+    """Each generator's engine counts (GeneratorWorker.engine_counts), in rank order."""
+    return ray.get([w.engine_counts.remote() for w in workers])
+
+
 def stop_generators(workers: Sequence[Any]) -> None:
     kill_actors(list(workers))
 

@@ -67,6 +67,15 @@ class GeneratorWorker:
         Ray drops an actor's info lines, so the driver asks for this one and logs it."""
         return self.description
 
+    def engine_counts(self) -> dict:
+        """The static engine's events that cost speed, over the worker's life: prompts decoded
+        apart (too long for the kept cache) and cache builds (each one captures, and compiles,
+        again). Empty for the other engines. Asked by the driver, which reports them."""
+        if self.static is None:
+            return {}
+        return {"decoded_apart": self.static.apart, "cache_builds": self.static.builds,
+                "rows": self.static.batch_size}
+
     def _static_serves(self) -> bool:
         """Whether the static-cache engine serves this model; else one line and generate."""
         from pipeline.regen.static_cache import check_supported

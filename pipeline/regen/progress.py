@@ -26,23 +26,27 @@ class LineProgress:
         self.bar = tqdm(total=total, initial=initial, unit="line", dynamic_ncols=True,
                         desc="regenerate", disable=not sys.stderr.isatty())
 
-    def advance(self, written: int, skipped_bad: int) -> None:
-        """``written`` more lines, and the reader's running count of skipped bad lines."""
+    def advance(self, written: int, skipped_bad: int, tokens: int = 0) -> None:
+        """``written`` more lines, the reader's running count of skipped bad lines, and the
+        run's running count of generated tokens."""
         lines = written + skipped_bad - self.skipped_bad
         self.skipped_bad = skipped_bad
         if lines == 0:
             return
         self.done += lines
-        self.bar.update(lines)
-        self.bar.set_postfix(skipped=skipped_bad, refresh=False)
         now = time.perf_counter()
+        elapsed = max(now - self.started, 1e-9)
+        self.bar.update(lines)
+        self.bar.set_postfix(skipped=skipped_bad, tokens_per_s=f"{tokens / elapsed:.0f}",
+                             refresh=False)
         if self.bar.disable and (now - self.last_log >= self.log_every_s
                                  or self.done >= self.total):
             self.last_log = now
-            rate = (self.done - self.first) / max(now - self.started, 1e-9)
+            rate = (self.done - self.first) / elapsed
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-            log.info("regenerate: %d/%d lines, %.2f lines/s, eta %.0fs, skipped %d",
-                     self.done, self.total, rate, eta, skipped_bad)
+            log.info("regenerate: %d/%d lines, %.2f lines/s, %.0f tokens/s, eta %.0fs, "
+                     "skipped %d", self.done, self.total, rate, tokens / elapsed, eta,
+                     skipped_bad)
 
     def close(self) -> None:
         self.bar.close()

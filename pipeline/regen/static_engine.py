@@ -100,6 +100,7 @@ class StaticEngine:
         self.compile_step, self.compile_prefill = compile_step, compile_prefill
         self.decoder: StaticDecoder | None = None
         self.builds = 0
+        self.apart = 0  # prompts decoded apart (too long for the kept cache), over all calls
         self.last_stats: dict = {}
 
     def decode(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -170,6 +171,7 @@ class StaticEngine:
                              f"tokens plus {max_new} new ones needs "
                              f"{columns * self.per_slot / 1e9:.2f} GB of KV cache for one row; "
                              f"{(budget or 0) / 1e9:.2f} GB are free")
+        self.apart += len(prompts)
         log.info("static decoder: %d of the call's prompts (up to %d tokens) do not fit the "
                  "kept cache's %d columns at %d rows: decoded apart, %d rows at a time",
                  len(prompts), max(len(p) for p in prompts), limit, self.batch_size, rows)

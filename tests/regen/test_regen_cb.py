@@ -103,6 +103,30 @@ def test_static_engine_stores_the_same_records_as_generate(workers):
     assert static.static.decoder is decoder
 
 
+def test_engine_counts_say_how_many_prompts_went_apart(workers):
+    """A kept cache too narrow for the prompts (8 columns at 2 rows): each prompt is decoded
+    apart, the answers stay generate's, and the worker's counts (what the driver reports)
+    grow by the prompts decoded apart; the other engines have none to give."""
+    from pipeline.regen.cache_budget import slot_bytes
+
+    cb, plain, static = workers
+    assert cb.engine_counts() == {} and plain.engine_counts() == {}
+    engine = static.static
+    requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
+    before, budget = static.engine_counts(), engine.cache_budget
+    engine.cache_budget = 2 * 8 * slot_bytes(static.model.config, torch.float32)
+    try:
+        got = static.generate(requests)
+    finally:
+        engine.cache_budget = budget
+    assert [(r.messages, r.turns) for r in got] == [
+        (r.messages, r.turns) for r in plain.generate(requests)]
+    turns = sum(len(r.turns) for r in got)  # each turn one prompt, every one longer than 8
+    after = static.engine_counts()
+    assert after["decoded_apart"] - before["decoded_apart"] == turns
+    assert after["rows"] == 2 and after["cache_builds"] >= 1
+
+
 @pytest.mark.parametrize("attention, runs", [("flex", "flex"), ("varlen", "varlen"),
                                              ("triton", "triton"), ("auto", "sdpa")])
 def test_static_engine_with_another_step_stores_the_same_records(workers, target, attention,

@@ -57,6 +57,10 @@ def test_two_workers_write_the_targets_answers_in_input_order(full_run, chats, r
     assert [r["messages"] for r in records] == reference
     assert (summary.lines_read, summary.resumed, summary.regenerated,
             summary.skipped_bad, summary.turns) == (6, 0, 6, 0, 8)
+    # The tokens the records hold, and none decoded apart (no cache budget on CPU).
+    assert summary.tokens == sum(sum(r["regen"]["num_tokens"]) for r in records) > 0
+    assert summary.decoded_apart == 0
+    assert f"tokens={summary.tokens} decoded_apart=0 " in summary.line()
     # Every turn the target finished re-renders through the template as what it generated.
     assert summary.turns_not_round_trip == 0
     assert all(r["regen"]["round_trips"] == r["regen"]["finished"] for r in records)
@@ -131,3 +135,22 @@ def test_cuda_without_gpus_names_the_flags(ray_cluster, tiny_assets, chat_file, 
     with pytest.raises(ValueError, match="--device=cuda with --num-workers=2 needs one GPU"):
         pick_device(cfg)
     assert pick_device(_config(tiny_assets, chat_file, tmp_path / "o.jsonl")) == "cpu"
+
+
+def test_the_driver_reports_prompts_decoded_apart(caplog):
+    """The engines' counts come back to the driver, which sums them into the summary and says
+    in one warning per generator what went apart and what to change; a cache built more than
+    once is one info line."""
+    from pipeline.regen.runner import RegenSummary, _report_engines
+
+    summary = RegenSummary()
+    with caplog.at_level("INFO", logger="pipeline.regen.runner"):
+        _report_engines([{"decoded_apart": 0, "cache_builds": 1, "rows": 512}, {},
+                         {"decoded_apart": 3, "cache_builds": 2, "rows": 256}], summary)
+    assert summary.decoded_apart == 3
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"]
+    assert lines[0][1].startswith("generator 2: 3 prompt(s) too long for its kept cache at 256 "
+                                  "rows were decoded apart")
+    assert "--static-rows" in lines[0][1]
+    assert lines[1][1].startswith("generator 2: its cache was built 2 times")

@@ -188,7 +188,7 @@ def test_prompts_too_long_for_the_cache_budget_are_decoded_apart(model_dirs, cap
     with caplog.at_level("INFO", logger="pipeline.regen.static_engine"):
         _assert_same(engine.decode(prompts, MAX_NEW, stops), _reference(model, prompts, stops))
     assert engine.decoder.capacity == 32 and engine.decoder.rows == 3
-    assert engine.last_stats["long"]["prompts"] == 2
+    assert engine.last_stats["long"]["prompts"] == 2 and engine.apart == 2
     assert sum("decoded apart" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(ValueError, match="cache_gb must be > 0"):
         StaticEngine(model, batch_size=3, cache_gb=0)
