@@ -71,10 +71,12 @@ class GeneratorWorker:
         """The static engine's events that cost speed, over the worker's life: prompts decoded
         apart (too long for the kept cache) and cache builds (each one captures, and compiles,
         again). Empty for the other engines. Asked by the driver, which reports them."""
-        if self.static is None:
+        engine = self.static
+        if engine is None:
             return {}
-        return {"decoded_apart": self.static.apart, "cache_builds": self.static.builds,
-                "rows": self.static.batch_size}
+        return {"decoded_apart": engine.apart, "longest_apart": engine.apart_longest,
+                "cache_builds": engine.builds, "rows": engine.batch_size,
+                "columns": engine.apart_columns}
 
     def _static_serves(self) -> bool:
         """Whether the static-cache engine serves this model; else one line and generate."""

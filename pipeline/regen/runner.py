@@ -182,9 +182,10 @@ def _report_engines(counts: list[dict], summary: RegenSummary) -> None:
         apart = count.get("decoded_apart", 0)
         summary.decoded_apart += apart
         if apart:
-            log.warning("generator %d: %d prompt(s) too long for its kept cache at %d rows were "
-                        "decoded apart, fewer rows at a time (slower): a lower --static-rows "
-                        "leaves each row more columns", rank, apart, count["rows"])
+            log.warning("generator %d: %d prompt(s) of up to %d tokens did not fit its kept "
+                        "cache (%d columns a row at %d rows) and were decoded apart, fewer rows "
+                        "at a time (slower): a lower --static-rows leaves each row more columns",
+                        rank, apart, count["longest_apart"], count["columns"], count["rows"])
         if count.get("cache_builds", 0) > 1:
             log.info("generator %d: its cache was built %d times (a later call needed more "
                      "rows, columns, new tokens or stop ids; each build captures its graphs "

@@ -101,6 +101,8 @@ class StaticEngine:
         self.decoder: StaticDecoder | None = None
         self.builds = 0
         self.apart = 0  # prompts decoded apart (too long for the kept cache), over all calls
+        self.apart_longest = 0  # the longest of them, in tokens
+        self.apart_columns = 0  # the kept cache's most columns a row when they went apart
         self.last_stats: dict = {}
 
     def decode(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -172,6 +174,8 @@ class StaticEngine:
                              f"{columns * self.per_slot / 1e9:.2f} GB of KV cache for one row; "
                              f"{(budget or 0) / 1e9:.2f} GB are free")
         self.apart += len(prompts)
+        self.apart_longest = max(self.apart_longest, max(map(len, prompts)))
+        self.apart_columns = limit
         log.info("static decoder: %d of the call's prompts (up to %d tokens) do not fit the "
                  "kept cache's %d columns at %d rows: decoded apart, %d rows at a time",
                  len(prompts), max(len(p) for p in prompts), limit, self.batch_size, rows)

@@ -104,7 +104,7 @@ def test_static_engine_stores_the_same_records_as_generate(workers):
 
 
 def test_engine_counts_say_how_many_prompts_went_apart(workers):
-    """A kept cache too narrow for the prompts (8 columns at 2 rows): each prompt is decoded
+    """A kept cache too narrow for the prompts (16 columns at 2 rows): each prompt is decoded
     apart, the answers stay generate's, and the worker's counts (what the driver reports)
     grow by the prompts decoded apart; the other engines have none to give."""
     from pipeline.regen.cache_budget import slot_bytes
@@ -114,17 +114,27 @@ def test_engine_counts_say_how_many_prompts_went_apart(workers):
     engine = static.static
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
     before, budget = static.engine_counts(), engine.cache_budget
-    engine.cache_budget = 2 * 8 * slot_bytes(static.model.config, torch.float32)
+    engine.cache_budget = 2 * 16 * slot_bytes(static.model.config, torch.float32)
+    longest = []
+    decode = engine.decode
+
+    def seen(prompts, *args, **kwargs):  # every prompt the engine is given
+        longest.append(max(map(len, prompts)))
+        return decode(prompts, *args, **kwargs)
+
+    engine.decode = seen
     try:
         got = static.generate(requests)
     finally:
         engine.cache_budget = budget
+        del engine.decode
     assert [(r.messages, r.turns) for r in got] == [
         (r.messages, r.turns) for r in plain.generate(requests)]
-    turns = sum(len(r.turns) for r in got)  # each turn one prompt, every one longer than 8
+    turns = sum(len(r.turns) for r in got)  # each turn one prompt, none within 16 columns
     after = static.engine_counts()
     assert after["decoded_apart"] - before["decoded_apart"] == turns
-    assert after["rows"] == 2 and after["cache_builds"] >= 1
+    assert (after["rows"], after["columns"]) == (2, 16)
+    assert after["longest_apart"] == max(*longest, before["longest_apart"])
 
 
 @pytest.mark.parametrize("attention, runs", [("flex", "flex"), ("varlen", "varlen"),

@@ -146,11 +146,13 @@ def test_the_driver_reports_prompts_decoded_apart(caplog):
     summary = RegenSummary()
     with caplog.at_level("INFO", logger="pipeline.regen.runner"):
         _report_engines([{"decoded_apart": 0, "cache_builds": 1, "rows": 512}, {},
-                         {"decoded_apart": 3, "cache_builds": 2, "rows": 256}], summary)
+                         {"decoded_apart": 3, "longest_apart": 2048, "cache_builds": 2,
+                          "rows": 256, "columns": 1024}], summary)
     assert summary.decoded_apart == 3
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in lines] == ["WARNING", "INFO"]
-    assert lines[0][1].startswith("generator 2: 3 prompt(s) too long for its kept cache at 256 "
-                                  "rows were decoded apart")
+    assert lines[0][1].startswith("generator 2: 3 prompt(s) of up to 2048 tokens did not fit "
+                                  "its kept cache (1024 columns a row at 256 rows) and were "
+                                  "decoded apart")
     assert "--static-rows" in lines[0][1]
     assert lines[1][1].startswith("generator 2: its cache was built 2 times")
