@@ -164,21 +164,22 @@ class StaticEngine:
     def _decode_long(self, prompts: list[list[int]], max_new: int, stops: list[int],
                      limit: int) -> list[list[int]]:
         """Prompts too long for the kept cache, on a cache of their own, freed after."""
-        columns = aligned_columns(max(len(p) for p in prompts) + max_new - 1)
+        longest = max(map(len, prompts))
+        columns = aligned_columns(longest + max_new - 1)
         free = free_bytes(self.device)
         budget = None if free is None else int(LONG_SHARE * free)
         rows = rows_within(budget, columns, self.per_slot, min(self.batch_size, len(prompts)))
         if rows < 1:
-            raise ValueError(f"static decoder: a prompt of {max(len(p) for p in prompts)} "
+            raise ValueError(f"static decoder: a prompt of {longest} "
                              f"tokens plus {max_new} new ones needs "
                              f"{columns * self.per_slot / 1e9:.2f} GB of KV cache for one row; "
                              f"{(budget or 0) / 1e9:.2f} GB are free")
         self.apart += len(prompts)
-        self.apart_longest = max(self.apart_longest, max(map(len, prompts)))
+        self.apart_longest = max(self.apart_longest, longest)
         self.apart_columns = limit
         log.info("static decoder: %d of the call's prompts (up to %d tokens) do not fit the "
                  "kept cache's %d columns at %d rows: decoded apart, %d rows at a time",
-                 len(prompts), max(len(p) for p in prompts), limit, self.batch_size, rows)
+                 len(prompts), longest, limit, self.batch_size, rows)
         # Captured where one graph serves every span: uncaptured, the 340 prompts of 8,192
         # that SmolLM2 at 4,096 rows left apart on an 80 GB H100 took 12.5 s of a 25.9 s
         # regeneration (2026-12-05), launch-bound at 49 ms a step.
