@@ -218,12 +218,11 @@ class StaticDecoder:
             start = end
 
     def _prefill_group(self, rows: list[int], prompts: list[list[int]], width: int) -> None:
-        # The group's longest prompt sets its width, unrounded: a prefill's attention is causal
-        # with no mask (static_attention._prefill), so no kernel asks for aligned columns, and
-        # rounding to 16 was nearly half the padding a regeneration's prefills computed
-        # (1,024 prompts of 128-512 tokens: 5.6% padded rounded, 3.1% not). Two columns at
-        # least: the attention variants tell a prefill from a decode step by its query length.
-        dev, n, width = self.device, len(prompts), max(width, 2)
+        # Widths rounded up to 16 columns. Unrounded widths padded less (3.1% of the prompt
+        # tokens against 5.6%, `python -m bench.probe_prefill --padding`) but ran slower on an
+        # H100 with the prefill compiled (8B shape, 2026-12-07; docs/BENCHMARKS.md): the timed
+        # prefills 8.73 -> 9.23 s, and the first wave's, which compile, 111 -> 160 s.
+        dev, n, width = self.device, len(prompts), min(aligned_columns(width), self.capacity)
         ids = torch.zeros(n, width, dtype=torch.long)
         for j, p in enumerate(prompts):
             ids[j, :len(p)] = torch.tensor(p)
