@@ -58,7 +58,8 @@ class Replica:
             feats = torch.full_like(feats, float("nan"))
         self.trainer.forward_backward(feats, ids, mask, [2 * self.rank, 2 * self.rank + 1], 0)
         out = self.trainer.step(self.reducer)
-        checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
+        with torch.no_grad():  # a float() of a tensor that requires grad warns
+            checksum = float(sum(p.double().sum() for p in self.trainer.model.parameters()))
         return out.skipped, checksum, len(self.trainer.optimizer.state)
 
 
