@@ -26,7 +26,7 @@ class LineProgress:
         self.bar = tqdm(total=total, initial=initial, unit="line", dynamic_ncols=True,
                         desc="regenerate", disable=not sys.stderr.isatty())
 
-    def advance(self, written: int, skipped_bad: int, tokens: int = 0) -> None:
+    def advance(self, written: int, skipped_bad: int, tokens: int) -> None:
         """``written`` more lines, the reader's running count of skipped bad lines, and the
         run's running count of generated tokens."""
         lines = written + skipped_bad - self.skipped_bad
