@@ -43,7 +43,7 @@ from pipeline import stop_signals  # noqa: E402
 from pipeline.data.config import FORMATS, ON_BAD_LINE  # noqa: E402
 from pipeline.gpu_oom import gpu_oom_line  # noqa: E402
 from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES  # noqa: E402
-from pipeline.regen.config import DEVICES, DTYPES, RegenConfig  # noqa: E402
+from pipeline.regen.config import AUTO_COMPILE_FLOP, DEVICES, DTYPES, RegenConfig  # noqa: E402
 from pipeline.regen.static_attention import CHOICES as ATTENTIONS  # noqa: E402
 from pipeline.regen.runner import execute, prepare  # noqa: E402
 
@@ -81,11 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static-compile", action=argparse.BooleanOptionalAction,
                    default=_DEFAULTS["static_compile"],
                    help="static: the decode step through torch.compile (with "
-                        "--static-attention varlen or triton only)")
+                        "--static-attention varlen or triton only); default auto: on CUDA "
+                        "when a generator's answers (lines x --max-new-tokens at most) are "
+                        f"worth {AUTO_COMPILE_FLOP:.0e} FLOPs (2 x parameters x tokens; about "
+                        "18M tokens at 8B), where the minutes of compiling pay off")
     p.add_argument("--static-compile-prefill", action=argparse.BooleanOptionalAction,
                    default=_DEFAULTS["static_compile_prefill"],
                    help="static: the prefills through torch.compile (symbolic shapes, any "
-                        "attention)")
+                        "attention); default auto, as --static-compile")
     p.add_argument("--max-new-tokens", type=int, default=_DEFAULTS["max_new_tokens"],
                    help="per assistant turn")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,

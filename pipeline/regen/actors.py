@@ -46,8 +46,12 @@ def pick_dtype(cfg: RegenConfig, device: str) -> torch.dtype:
 
 
 def start_generators(cfg: RegenConfig, target_path: str, device: str,
-                     dtype: torch.dtype) -> list[Any]:
-    """``cfg.num_workers`` plain actors (methods on their main thread), one GPU each on cuda."""
+                     dtype: torch.dtype, lines: Optional[int] = None) -> list[Any]:
+    """``cfg.num_workers`` plain actors (methods on their main thread), one GPU each on cuda.
+    ``lines``: the conversations left to answer (None: unknown), from which each worker's
+    share of the answers is bounded for its auto compile choice."""
+    answer_tokens = (None if lines is None else
+                     -(-lines // cfg.num_workers) * cfg.max_new_tokens)
     placement = Placement(cpus=cfg.cpus_per_worker, gpus=1.0 if device == "cuda" else 0.0)
     return [start_actor(GeneratorWorker, placement, rank=rank, target_path=target_path,
                         device=device, dtype=dtype, max_new_tokens=cfg.max_new_tokens,
@@ -55,7 +59,8 @@ def start_generators(cfg: RegenConfig, target_path: str, device: str,
                         cb_options=cfg.cb_options(), static_rows=cfg.static_rows,
                         static_attention=cfg.static_attention,
                         static_compile=cfg.static_compile,
-                        static_compile_prefill=cfg.static_compile_prefill)
+                        static_compile_prefill=cfg.static_compile_prefill,
+                        answer_tokens=answer_tokens)
             for rank in range(cfg.num_workers)]
 
 

@@ -40,11 +40,11 @@ class RegenConfig:
     static_attention: str = "auto"
     # static: the decode step through torch.compile (fused norms, RoPE and activations; the
     # compile is paid once per worker and kept in the compile cache). varlen or triton
-    # attention only.
-    static_compile: bool = False
+    # attention only. None: auto (compile_choice below).
+    static_compile: Optional[bool] = None
     # static: the prefills through torch.compile with symbolic shapes (fused norms, RoPE and
-    # activations over every prompt token; one compile a worker), any attention.
-    static_compile_prefill: bool = False
+    # activations over every prompt token; one compile a worker), any attention. None: auto.
+    static_compile_prefill: Optional[bool] = None
     max_new_tokens: int = 256  # per assistant turn; longer answers are cut and counted
     # Passed to the chat template, as data.enable_thinking is in training and eval: use the
     # same value for both (see pipeline.data.config).
@@ -100,19 +100,58 @@ class RegenConfig:
             return self.batch_size
         return 16 if self.engine == "generate" else 1024
 
-    def compile_note(self) -> Optional[str]:
-        """The line that announces the static engine's compiles (both switches need
-        ``--engine static``), or None without any: each worker's first call then spends minutes
-        compiling, which would look like a hang."""
-        parts = [name for name, on in (("decode step", self.static_compile),
-                                       ("prefills", self.static_compile_prefill)) if on]
-        if not parts:
-            return None
-        return (f"each generator compiles its {' and '.join(parts)} on its first call: minutes "
-                "on an empty compile cache (152 s more set-up for both at the Qwen3-8B shape "
-                "on an H100), repaid above about 5M generated tokens there")
-
     def cb_options(self) -> CbOptions:
         return CbOptions(max_batch_tokens=self.cb_max_batch_tokens,
                          num_blocks=self.cb_num_blocks, max_requests=self.cb_max_requests,
                          cuda_graphs=self.cb_cuda_graphs, compile_level=self.cb_compile_level)
+
+
+# Auto compiles a generator's decode step and prefills when its share of the answers is worth
+# at least this many FLOPs (2 x the model's parameters x lines x --max-new-tokens, an upper
+# bound: answers may stop early). Both compiles cost 136 s more set-up at the Qwen3-8B shape
+# on an H100 and speed its regeneration 1.37x (8.1k -> 11.2k tokens/s), repaid after about 4M
+# generated tokens (7e16 FLOPs); the bar is four times that. SmolLM2-135M's step compile
+# (46 s for 1.14x on an H200) is repaid only after about 34M tokens, also below the bar's
+# 1.1G. On CPU nothing is compiled unless asked.
+AUTO_COMPILE_FLOP = 3e17
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    step: bool
+    prefill: bool
+    auto: str = ""  # why auto chose as it did; empty where both were set explicitly
+
+    def note(self) -> str:
+        """What a generator's line says of its compiles: those it makes on its first call (the
+        minutes they take would otherwise look like a hang) and, where auto chose, why."""
+        parts = [name for name, on in (("decode step", self.step), ("prefills", self.prefill))
+                 if on]
+        said = (f"compiles its {' and '.join(parts)} on its first call: minutes on an empty "
+                "compile cache (136 s more set-up for both at the Qwen3-8B shape on an H100)"
+                if parts else "compiles nothing")
+        return f"{said}{f' ({self.auto})' if self.auto else ''}"
+
+
+def compile_choice(step: Optional[bool], prefill: Optional[bool], attention: str,
+                   device_type: str, parameters: int, answer_tokens: Optional[int]
+                   ) -> CompileChoice:
+    """The static engine's compiles: an explicit setting as given; None (auto) on CUDA when the
+    generator's answers are worth :data:`AUTO_COMPILE_FLOP`, the step only where its attention
+    reads each row to its own length (``ROW_LENGTHS``)."""
+    if step is not None and prefill is not None:
+        return CompileChoice(step, prefill)
+    flop = 2 * parameters * (answer_tokens or 0)
+    worth = device_type == "cuda" and flop >= AUTO_COMPILE_FLOP
+    size = ("answer tokens unknown" if answer_tokens is None else
+            f"at most {answer_tokens:,} answer tokens of a {parameters / 1e9:.2g}B-parameter "
+            f"model, {flop:.1e} FLOPs")
+    if device_type != "cuda":
+        why = f"auto: never on {device_type}; {size}"
+    else:
+        why = (f"auto: {size}, {'at or above' if worth else 'below'} "
+               f"{AUTO_COMPILE_FLOP:.0e}; --[no-]static-compile[-prefill] decide")
+    return CompileChoice(
+        step=worth and attention in ROW_LENGTHS if step is None else step,
+        prefill=worth if prefill is None else prefill, auto=why)
+

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.regen.cb import CbOptions, CbSession, cb_unsupported
+from pipeline.regen.config import compile_choice
 from pipeline.regen.greedy import (ensure_pad_token, greedy_config, regenerate_batch,
                                    static_round, stop_token_ids)
 from pipeline.regen.messages import GenRequest, GenResult, TurnResult
@@ -25,8 +26,9 @@ class GeneratorWorker:
     def __init__(self, *, rank: int, target_path: str, device: str, dtype: torch.dtype,
                  max_new_tokens: int, enable_thinking: bool = True, engine: str = "static",
                  cb_options: Optional[CbOptions] = None, static_rows: int = 512,
-                 static_attention: str = "auto", static_compile: bool = False,
-                 static_compile_prefill: bool = False) -> None:
+                 static_attention: str = "auto", static_compile: Optional[bool] = None,
+                 static_compile_prefill: Optional[bool] = None,
+                 answer_tokens: Optional[int] = None) -> None:
         self.rank = rank
         self.enable_thinking = enable_thinking
         self.device = actor_device(device)
@@ -53,11 +55,18 @@ class GeneratorWorker:
             self.engine = "static"
             param = next(self.model.parameters())
             attention = resolve_attention(static_attention, param.device, param.dtype)
+            # None (auto) decided here, where the model's size and the device are known;
+            # ``answer_tokens`` is this worker's share of the run's answers at most.
+            compiles = compile_choice(static_compile, static_compile_prefill, attention,
+                                      param.device.type,
+                                      sum(p.numel() for p in self.model.parameters()),
+                                      answer_tokens)
             how = (f" ({static_rows} rows, {attention} attention"
-                   f"{' picked by auto' if static_attention == 'auto' else ''})")
+                   f"{' picked by auto' if static_attention == 'auto' else ''}; "
+                   f"{compiles.note()})")
             self.static = StaticEngine(self.model, static_rows, attention=attention,
-                                       compile_step=static_compile,
-                                       compile_prefill=static_compile_prefill)
+                                       compile_step=compiles.step,
+                                       compile_prefill=compiles.prefill)
         self.description = (f"generator {rank}: {target_path} on {self.device} ({dtype}), "
                             f"engine {self.engine}{how}, stop ids {self.stops}")
         log.info("%s", self.description)

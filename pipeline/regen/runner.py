@@ -153,12 +153,11 @@ def _generate_on_ray(plan: Plan, batches: Iterator[list[GenRequest]],
     try:
         device = pick_device(cfg)
         dtype = pick_dtype(cfg, device)
-        workers = start_generators(cfg, plan.target_path, device, dtype)
+        workers = start_generators(cfg, plan.target_path, device, dtype,
+                                   lines=max(0, plan.total_lines - plan.resumed))
         log.info("regenerating with %d generator(s) on %s (%s)", len(workers), device, dtype)
         for line in describe_generators(workers):
             log.info("%s", line)
-        if (note := cfg.compile_note()) is not None:
-            log.info("%s", note)
         with open(cfg.output, "a", encoding="utf-8") as out:
             for results in ordered_results(workers, batches, cfg.in_flight_per_worker):
                 # Whole records, flushed per batch: whenever a crash comes, the file is a

@@ -239,3 +239,34 @@ def test_compiled_prefill_answers_as_uncompiled(tmp_path, device, on_cuda):
                                 dtype=torch.float32)
     assert same >= (20 / 21 if on_cuda else 1.0), same
     assert engine.last_stats["prefill_calls"] >= 3
+
+
+def test_a_large_run_compiles_by_default_as_when_asked(tiny_assets, device, on_cuda):
+    """A generator left on auto compiles its step and prefills on CUDA when its answers are
+    worth AUTO_COMPILE_FLOP (bf16, the triton step: the regeneration's defaults there), says
+    so in its line, and answers exactly as one asked for both compiles (the same compiled
+    code); below the bar, or on CPU, it compiles nothing."""
+    from pipeline.regen.config import AUTO_COMPILE_FLOP
+    from pipeline.regen.generator import GeneratorWorker
+    from pipeline.regen.messages import GenRequest
+
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    kw = dict(rank=0, target_path=tiny_assets.target_dir, device=device, dtype=dtype,
+              max_new_tokens=MAX_NEW, engine="static", static_rows=4)
+    small = GeneratorWorker(answer_tokens=1, **kw)
+    assert not small.static.compile_step and not small.static.compile_prefill
+    params = sum(p.numel() for p in small.model.parameters())
+    del small
+    auto = GeneratorWorker(answer_tokens=int(AUTO_COMPILE_FLOP / (2 * params)) + 1, **kw)
+    assert (auto.static.compile_step, auto.static.compile_prefill) == (on_cuda, on_cuda)
+    assert ("compiles its decode step and prefills on its first call" in auto.describe()) \
+        == on_cuda
+    if not on_cuda:
+        return
+    asked = GeneratorWorker(static_compile=True, static_compile_prefill=True, **kw,
+                            static_attention=auto.static.attention)
+    requests = [GenRequest(i, ({"role": "user", "content": f"Say {i} things about lists."},))
+                for i in range(6)]
+    got, want = auto.generate(requests), asked.generate(requests)
+    assert [r.messages for r in got] == [r.messages for r in want]
+    assert all(r.turns and r.on_main_thread for r in got)

@@ -149,7 +149,7 @@ def test_static_engine_with_another_step_stores_the_same_records(workers, target
                             static_attention=attention)
     assert other.static.attention == runs
     picked = " picked by auto" if attention == "auto" else ""
-    assert f"engine static (2 rows, {runs} attention{picked})" in other.describe()
+    assert f"engine static (2 rows, {runs} attention{picked}; compiles nothing" in other.describe()
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]
     assert [(r.messages, r.turns) for r in other.generate(requests)] == [
         (r.messages, r.turns) for r in plain.generate(requests)]
@@ -225,3 +225,10 @@ def test_static_compile_reaches_the_worker_engine(target):
                              max_new_tokens=MAX_NEW, engine="static", static_rows=2,
                              static_compile_prefill=True)
     assert worker.static.compile_prefill and not worker.static.compile_step
+    # Auto, the default, compiles nothing on CPU however large the run: said in its line.
+    worker = GeneratorWorker(rank=0, target_path=target, device="cpu", dtype=torch.float32,
+                             max_new_tokens=MAX_NEW, engine="static", static_rows=2,
+                             answer_tokens=10**15)
+    assert not worker.static.compile_prefill and not worker.static.compile_step
+    assert "compiles nothing (auto: never on cpu; at most 1,000,000,000,000,000 answer" \
+        in worker.describe()

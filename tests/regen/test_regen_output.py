@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pipeline.regen.config import RegenConfig
+from pipeline.regen.config import AUTO_COMPILE_FLOP, RegenConfig, compile_choice
 from pipeline.regen.messages import GenResult, TurnResult
 from pipeline.regen.output import format_record, resume_output
 
@@ -72,17 +72,37 @@ def test_bad_option_names_the_flag(tmp_path, override, flag):
 @pytest.mark.parametrize("step, prefill, said", [
     (True, True, "compiles its decode step and prefills on its first call"),
     (False, True, "compiles its prefills on its first call"),
-    (True, False, "compiles its decode step on its first call"), (False, False, None)])
-def test_a_run_that_compiles_says_so(tmp_path, step, prefill, said):
-    """The minutes a worker's first call spends compiling are announced (the driver logs this
-    line), only when a compile is asked for."""
-    src = tmp_path / "in.jsonl"
-    src.write_text("")
-    cfg = RegenConfig(input=str(src), output=str(tmp_path / "out.jsonl"),
-                      static_attention="varlen", static_compile=step,
-                      static_compile_prefill=prefill)
-    note = cfg.compile_note()
-    assert note is None if said is None else said in note
+    (True, False, "compiles its decode step on its first call"),
+    (False, False, "compiles nothing")])
+def test_explicit_compiles_are_kept_and_said(step, prefill, said):
+    """Set both ways, the compiles are as given, whatever the run's size or device; the
+    generator's line announces the minutes a worker's first call spends compiling."""
+    for device, tokens in (("cuda", 10**12), ("cuda", 1), ("cpu", 10**12)):
+        choice = compile_choice(step, prefill, "triton", device, 8 * 10**9, tokens)
+        assert (choice.step, choice.prefill, choice.auto) == (step, prefill, "")
+        assert choice.note() == said or choice.note().startswith(said + ":")
+
+
+def test_auto_compiles_a_large_run_on_cuda_only():
+    """Auto (None) turns both compiles on where the worker's answers are worth
+    AUTO_COMPILE_FLOP; the step only with an attention that reads each row to its length."""
+    params = 8 * 10**9
+    enough = int(AUTO_COMPILE_FLOP / (2 * params)) + 1
+    big = compile_choice(None, None, "triton", "cuda", params, enough)
+    assert big.step and big.prefill and "at or above" in big.auto
+    assert "compiles its decode step and prefills" in big.note()
+    small = compile_choice(None, None, "triton", "cuda", params, enough - 2)
+    assert not small.step and not small.prefill and "below" in small.auto
+    assert small.note().startswith("compiles nothing (auto:")
+    sdpa = compile_choice(None, None, "sdpa", "cuda", params, enough)
+    assert not sdpa.step and sdpa.prefill
+    unknown = compile_choice(None, None, "varlen", "cuda", params, None)
+    assert not unknown.step and not unknown.prefill and "answer tokens unknown" in unknown.auto
+    cpu = compile_choice(None, None, "varlen", "cpu", params, 10**15)
+    assert not cpu.step and not cpu.prefill and cpu.auto.startswith("auto: never on cpu;")
+    # One set, the other auto: the set one as given, the other chosen.
+    mixed = compile_choice(False, None, "triton", "cuda", params, enough)
+    assert not mixed.step and mixed.prefill
 
 
 def test_missing_input_and_output_onto_input(tmp_path):

@@ -126,6 +126,8 @@ def test_skip_mode_counts_and_reports_the_bad_line(ray_cluster, tiny_assets, bad
     # The generator's line comes from the driver: an actor's info lines never reach it.
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("generator 0:")]
     assert len(said) == 1 and "engine static (" in said[0], said
+    # Its auto compile choice saw the run's answers at most: 4 lines x 8 new tokens.
+    assert "compiles nothing (auto: never on cpu; at most 32 answer tokens" in said[0], said
 
 
 def test_cuda_without_gpus_names_the_flags(ray_cluster, tiny_assets, chat_file, tmp_path):
