@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bf16/fp16, varlen where Triton is missing, else sdpa)")
     p.add_argument("--static-compile", action=argparse.BooleanOptionalAction,
                    default=_DEFAULTS["static_compile"],
-                   help="static: the decode step through torch.compile (with "
-                        "--static-attention varlen or triton only); default auto: on CUDA "
+                   help="static: the decode step through torch.compile (varlen or triton "
+                        "attention only, auto's pick on CUDA); default auto: on CUDA "
                         "when a generator's answers (lines x --max-new-tokens at most) are "
                         f"worth {AUTO_COMPILE_FLOP:.0e} FLOPs (2 x parameters x tokens; about "
                         "18M tokens at 8B), where the minutes of compiling pay off")

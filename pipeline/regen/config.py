@@ -84,11 +84,12 @@ class RegenConfig:
         require_choice("--format", self.format, FORMATS)
         require_choice("--engine", self.engine, ENGINES)
         require_choice("--static-attention", self.static_attention, ATTENTIONS)
-        require(not self.static_compile or (self.engine == "static"
-                                             and self.static_attention in ROW_LENGTHS),
+        # With auto attention the worker checks what auto picked (compile_choice).
+        require(not self.static_compile or (self.engine == "static" and self.static_attention
+                                             in (*ROW_LENGTHS, "auto")),
                 "--static-compile", self.static_compile,
-                f"only with --engine static and --static-attention {' or '.join(ROW_LENGTHS)} "
-                "(one compiled shape serves every span)")
+                f"only with --engine static and --static-attention {', '.join(ROW_LENGTHS)} "
+                "or auto (one compiled shape serves every span)")
         require(not self.static_compile_prefill or self.engine == "static",
                 "--static-compile-prefill", self.static_compile_prefill,
                 "only with --engine static")
@@ -139,6 +140,10 @@ def compile_choice(step: Optional[bool], prefill: Optional[bool], attention: str
     """The static engine's compiles: an explicit setting as given; None (auto) on CUDA when the
     generator's answers are worth :data:`AUTO_COMPILE_FLOP`, the step only where its attention
     reads each row to its own length (``ROW_LENGTHS``)."""
+    if step and attention not in ROW_LENGTHS:
+        raise ValueError(f"--static-compile needs the {' or '.join(ROW_LENGTHS)} decode step, "
+                         f"but --static-attention auto picked {attention} here (neither "
+                         "kernel runs on this device and dtype): drop --static-compile")
     if step is not None and prefill is not None:
         return CompileChoice(step, prefill)
     flop = 2 * parameters * (answer_tokens or 0)

@@ -60,7 +60,8 @@ def test_record_is_openai_messages_plus_source_line():
     ({"format": "csv"}, "--format='csv'"), ({"dtype": "int8"}, "--dtype='int8'"),
     ({"static_attention": "flash"}, "--static-attention='flash'"),
     ({"static_rows": 0}, "--static-rows=0"),
-    ({"static_compile": True}, "--static-compile=True"),
+    ({"static_compile": True, "static_attention": "sdpa"}, "--static-compile=True"),
+    ({"static_compile": True, "engine": "cb"}, "--static-compile=True"),
     ({"static_compile_prefill": True, "engine": "cb"}, "--static-compile-prefill=True")])
 def test_bad_option_names_the_flag(tmp_path, override, flag):
     src = tmp_path / "in.jsonl"
@@ -81,6 +82,17 @@ def test_explicit_compiles_are_kept_and_said(step, prefill, said):
         choice = compile_choice(step, prefill, "triton", device, 8 * 10**9, tokens)
         assert (choice.step, choice.prefill, choice.auto) == (step, prefill, "")
         assert choice.note() == said or choice.note().startswith(said + ":")
+
+
+def test_an_asked_step_compile_where_auto_attention_picked_sdpa_is_refused(tmp_path):
+    """``--static-compile`` with auto attention passes the options' check; the worker, which
+    knows what auto picked, refuses it in one line where that is not a row-length step."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    RegenConfig(input=str(src), output=str(tmp_path / "out.jsonl"), static_compile=True)
+    with pytest.raises(ValueError, match="auto picked sdpa here .*drop --static-compile"):
+        compile_choice(True, None, "sdpa", "cpu", 10, 10)
+    assert compile_choice(True, None, "triton", "cpu", 10, 10).step
 
 
 def test_auto_compiles_a_large_run_on_cuda_only():
