@@ -149,13 +149,14 @@ def compile_choice(step: Optional[bool], prefill: Optional[bool], attention: str
     flop = 2 * parameters * (answer_tokens or 0)
     worth = device_type == "cuda" and flop >= AUTO_COMPILE_FLOP
     size = ("answer tokens unknown" if answer_tokens is None else
-            f"at most {answer_tokens:,} answer tokens of a {parameters / 1e9:.2g}B-parameter "
-            f"model, {flop:.1e} FLOPs")
+            f"at most {answer_tokens:,} answer tokens")
     if device_type != "cuda":
         why = f"auto: never on {device_type}; {size}"
     else:
-        why = (f"auto: {size}, {'at or above' if worth else 'below'} "
-               f"{AUTO_COMPILE_FLOP:.0e}; --[no-]static-compile[-prefill] decide")
+        billions = parameters / 1e9
+        why = (f"auto: {size} of a {billions:.3g}B-parameter model, {flop:.1e} FLOPs, "
+               f"{'at or above' if worth else 'below'} {AUTO_COMPILE_FLOP:.0e}; "
+               "--[no-]static-compile[-prefill] decide")
     return CompileChoice(
         step=worth and attention in ROW_LENGTHS if step is None else step,
         prefill=worth if prefill is None else prefill, auto=why)
