@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -72,6 +73,33 @@ def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     out = fn()
     sync(device)
     return out, time.perf_counter() - start
+
+
+def event_us(fn: Callable[[], Any], calls: int, device) -> float:
+    """Microseconds a call of ``fn`` (CUDA events over ``calls`` calls), after one untimed
+    call; on CPU one call's wall. ``device``: a name or a torch.device."""
+    fn()
+    if torch.device(device).type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / calls
+
+
+def write(out, result: dict) -> None:
+    """``result`` as JSON at ``out`` (a path, or None for nowhere), its folder made. The
+    benches write what they have after every part: a timeout keeps what was measured."""
+    if out:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def compare(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]],

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from bench.decode_common import (RANDOM_8B, chat_prompts, compare, humaneval_prompts,
-                                 random_8b_fields, random_qwen3, sync, timed)
+                                 random_8b_fields, random_qwen3, sync, timed, write)
 
 RUNS = ("static", "static_eager", "hf", "hf_static")
 
@@ -255,13 +255,6 @@ def measure(args) -> dict:
             compile_prefill=args.compile_prefill)
         write(args.out, result)
     return result
-
-
-def write(out, result: dict) -> None:
-    """The result so far (every part writes it: a timeout keeps what was measured)."""
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def _ints(text: str) -> list[int]:

@@ -17,6 +17,8 @@ import json
 
 import torch
 
+from bench.decode_common import event_us, write
+
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -35,10 +37,9 @@ def layer_weights(args, device, dtype, generator):
 
 
 def timed_us(fn, iters: int, device: str) -> float:
-    """Microseconds a call of ``fn`` (which runs every layer once) takes."""
-    fn()
+    """Microseconds a call of ``fn`` (which runs every layer once) takes; on CUDA replayed as
+    a CUDA graph, as the decode step is: no launch cost between the GEMMs."""
     if device.startswith("cuda"):
-        # Replayed as a CUDA graph, as the decode step is: no launch cost between the GEMMs.
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -48,19 +49,7 @@ def timed_us(fn, iters: int, device: str) -> float:
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         fn = graph.replay
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / iters
-    import time
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) * 1e6 / iters
+    return event_us(fn, iters, device)
 
 
 def probe(args, rows: int, layers, device, dtype, generator) -> dict:
@@ -108,9 +97,7 @@ def main(argv=None) -> dict:
               "rows": {rows: probe(args, rows, layers, args.device, dtype, generator)
                        for rows in map(int, args.rows.split(","))}}
     print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write(args.out, result)
     return result
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import time
 from pathlib import Path
 
 import torch
+
+from bench.decode_common import event_us
 
 HBM_BYTES_PER_S = 4.8e12  # H200 datasheet
 SHAPES = {  # name -> rows, kv heads, query group, head dim
@@ -44,23 +45,6 @@ def _tensors(rows, kv_heads, group, dim, low, high, device, dtype, seed=0):
     return query, keys, values, lengths.to(device)
 
 
-def _timed(fn, calls: int, device) -> float:
-    """Microseconds a call (CUDA events), after one untimed call; on CPU one call's wall."""
-    fn()
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return 1e6 * (time.perf_counter() - t0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / calls
-
-
 def measure(shape, lengths, grid: dict, calls: int, device, dtype) -> dict:
     from pipeline.regen import row_kernel
     from pipeline.regen.static_attention import row_attention_triton, row_attention_varlen
@@ -79,7 +63,7 @@ def measure(shape, lengths, grid: dict, calls: int, device, dtype) -> dict:
     want = varlen().float()
     out = {"rows": rows, "kv_heads": kv_heads, "group": group, "head_dim": dim,
            "lengths": list(lengths), "mean_length": float(filled.float().mean()),
-           "filled_kv_mb": read / 1e6, "varlen_us": _timed(varlen, calls, device), "settings": []}
+           "filled_kv_mb": read / 1e6, "varlen_us": event_us(varlen, calls, device), "settings": []}
     before = {name: getattr(row_kernel, name) for name in grid}
     try:
         for values_ in itertools.product(*grid.values()):
@@ -88,7 +72,7 @@ def measure(shape, lengths, grid: dict, calls: int, device, dtype) -> dict:
                 setattr(row_kernel, name, value)
             try:
                 diff = float((triton().float() - want).abs().max())
-                us = _timed(triton, calls, device)
+                us = event_us(triton, calls, device)
             except Exception as e:  # a setting that does not fit (shared memory): its figure
                 out["settings"].append({**setting, "error": f"{type(e).__name__}: "
                                         f"{(str(e).splitlines() or [''])[0]}"})
