@@ -172,3 +172,58 @@ def test_importing_a_worker_module_imports_no_checkpoint_or_compiler_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=PACKAGE.parent, check=True).stdout.strip()
     assert out == "", f"importing the worker modules imported {out}"
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of more than one module in ``graph`` (module -> the
+    modules it imports), sorted: modules that import each other, directly or around a loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def test_no_module_import_cycle():
+    """No two modules import each other, around any loop, lazy and type-checking imports
+    included: a cycle ties the modules' import order to whichever is imported first."""
+    graph = {}
+    for rel in _modules():
+        targets = {_module_file(name) for _, name in
+                   _imported_modules(ast.parse((PACKAGE / rel).read_text()))}
+        graph[rel] = {t for t in targets if t and t != rel and not t.endswith("__init__.py")}
+    cycles = import_cycles(graph)
+    assert not cycles, "modules import each other: " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_a_loop():
+    graph = {"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}
+    assert import_cycles(graph) == [["a.py", "b.py", "c.py"]]
+    assert import_cycles({"a.py": {"b.py"}, "b.py": set()}) == []

@@ -26,7 +26,7 @@ import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -42,9 +42,6 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
 
 from pipeline.checkpoint.files import READ_THREADS, out_of_memory
 from pipeline.dist import fsdp
-
-if TYPE_CHECKING:
-    from pipeline.checkpoint.read_ahead import HostCheckpoint
 
 DRAFTER_DIR = "drafter"
 # The one file of a checkpoint written before DCP: the whole trainer state (torch.save).
@@ -170,8 +167,15 @@ class _RecordingStream:
         return getattr(self._stream, name)
 
 
+class HostState(Protocol):
+    """A checkpoint already read into host memory (read_ahead.HostCheckpoint). Named here as
+    a protocol so that this module, which read_ahead builds on, never imports it back."""
+
+    def load_into(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+
+
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
-         group: Optional[dist.ProcessGroup], host: Optional[HostCheckpoint] = None) -> None:
+         group: Optional[dist.ProcessGroup], host: Optional[HostState] = None) -> None:
     """Load ``folder/drafter`` into the model and optimizer as this job shards them (the
     model's parameters must be the shards: see :func:`shards_in_place`). ``host``: the same
     checkpoint already read into host memory (pipeline/checkpoint/read_ahead.py: whole
