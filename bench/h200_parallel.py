@@ -20,23 +20,16 @@ Parts (each adds its keys to <out>/h200_parallel.json, so parts may run in separ
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
-from bench.scale.result import failed_parts, open_result
+from bench.scale.result import failed_parts, open_result, record as _record
 
 PARTS = ("drafter", "stages", "checkpoint")
 # Eager on both sides (FSDP refuses compiled drafters), so SDPA: eager flex attention is a
 # reference implementation, not a kernel.
 MODES = {mode: (f"drafter.parallel={mode}", "drafter.attention=sdpa")
          for mode in ("replicate", "fsdp")}
-
-
-def _record(result: dict, path: Path, key: str, value) -> None:
-    result[key] = value
-    print(f"[bench] {key}: {json.dumps(value)}", flush=True)
-    path.write_text(json.dumps(result, indent=2))
 
 
 def _drafter(work: Path, out: Path, steps: int, record) -> None:

@@ -13,7 +13,6 @@ as they come and written to <out>/result.json; docs/BENCHMARKS.md explains them.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import time
@@ -21,15 +20,11 @@ from pathlib import Path
 
 import torch
 
+from bench.scale.result import record as _record
+
 PARTS = ("numerics", "drafter", "target", "slot", "pipeline", "threads")
 SHAPE_A = {"n": 4, "seq_len": 800, "num_anchors": 256}
 SHAPE_B = {"seq_len": 3072, "num_anchors": 512}
-
-
-def _record(result: dict, out: Path, key: str, value) -> None:
-    result[key] = value
-    print(f"[bench] {key}: {json.dumps(value)}", flush=True)
-    (out / "result.json").write_text(json.dumps(result, indent=2))
 
 
 def main(argv=None) -> dict:
@@ -51,35 +46,35 @@ def main(argv=None) -> dict:
               "python": platform.python_version()}
     if "numerics" in parts:
         from bench.scale.drafter import bf16_vs_fp32_logits
-        _record(result, out, "numerics_bf16_vs_fp32", bf16_vs_fp32_logits())
+        _record(result, out / "result.json", "numerics_bf16_vs_fp32", bf16_vs_fp32_logits())
     if "drafter" in parts:
         from bench.scale.drafter import run_drafter
         for mode in args.drafter_modes.split(","):
-            _record(result, out, f"drafter_A_{mode}", run_drafter(**SHAPE_A, compile_mode=mode))
+            _record(result, out / "result.json", f"drafter_A_{mode}", run_drafter(**SHAPE_A, compile_mode=mode))
         for n in args.shape_b_batches.split(","):
-            _record(result, out, f"drafter_B_n{n}",
+            _record(result, out / "result.json", f"drafter_B_n{n}",
                     run_drafter(n=int(n), **SHAPE_B, compile_mode="default"))
     if {"target", "pipeline", "threads"} & set(parts):
         from bench.scale.synthetic import build_target
         t0 = time.perf_counter()
         build_target(work / "qwen3-8b-random")
-        _record(result, out, "target_build_s", time.perf_counter() - t0)
+        _record(result, out / "result.json", "target_build_s", time.perf_counter() - t0)
     if "target" in parts:
         from bench.scale.target import run_target
         for compiled in (False, True):
-            _record(result, out, f"target_A_compile_{compiled}",
+            _record(result, out / "result.json", f"target_A_compile_{compiled}",
                     run_target(work / "qwen3-8b-random", n=4, seq_len=800, compile=compiled))
-        _record(result, out, "target_B_n1_compile_True",
+        _record(result, out / "result.json", "target_B_n1_compile_True",
                 run_target(work / "qwen3-8b-random", n=1, seq_len=3072, compile=True))
     if "slot" in parts:
         from bench.scale.slot import run_slot_copy
-        _record(result, out, "slot_copy_A", run_slot_copy(n=4, seq_len=800))
+        _record(result, out / "result.json", "slot_copy_A", run_slot_copy(n=4, seq_len=800))
     if "threads" in parts:
         from bench.scale.threads import run_threads
-        _record(result, out, "threads_A", run_threads(work / "qwen3-8b-random", **SHAPE_A))
+        _record(result, out / "result.json", "threads_A", run_threads(work / "qwen3-8b-random", **SHAPE_A))
     if "pipeline" in parts:
         from bench.scale.pipeline import run_pipeline
-        _record(result, out, "pipeline_A_one_gpu",
+        _record(result, out / "result.json", "pipeline_A_one_gpu",
                 run_pipeline(work, out, steps=args.pipeline_steps))
     return result
 

@@ -21,6 +21,14 @@ def open_result(out: Path, work: Path, name: str) -> tuple[Path, dict]:
     return path, result
 
 
+def record(result: dict, path: Path, key: str, value) -> None:
+    """Add one figure to ``result``, print it, and write the whole file again (a part cut off
+    by its call's time limit keeps the figures it reached)."""
+    result[key] = value
+    print(f"[bench] {key}: {json.dumps(value)}", flush=True)
+    path.write_text(json.dumps(result, indent=2))
+
+
 def failed_parts(result: dict) -> list[str]:
     """The parts whose run failed (their figures are absent, not zero)."""
     return [k for k, v in result.items() if isinstance(v, dict) and "error" in v]

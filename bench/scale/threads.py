@@ -3,7 +3,7 @@
 One thread runs the target and queues its tap features (same process, so the tensor itself
 travels); another trains the drafter on them. Both share one GIL, one CUDA context and the
 device's default stream. The drafter runs eagerly, because CUDA graphs crash in a thread
-that did not import torch (docs/GPU_RUN.md); with SDPA and its dense mask, the attention the
+that did not import torch's CUDA-graph trees (docs/BENCHMARKS.md, "One process per GPU"); with SDPA and its dense mask, the attention the
 old trainer used.
 """
 

@@ -1,7 +1,7 @@
 """Actors start with torch's host-register allocator for pinned memory
 (pipeline.ray_start.HOST_REGISTER_CONF): a save pool filled in an actor on the GPU comes out
 pinned, one buffer per state tensor, and takes non-blocking copies from the device intact.
-How much the allocator spares GPU work beside it is bench.pin_probe's figure, not a test's."""
+How much the allocator spares GPU work beside it was measured once (docs/BENCHMARKS.md, "Findings"), not a test's."""
 
 import ray
 import torch
