@@ -8,7 +8,8 @@
                  checkpoints; each gets only its own config section, never the job's JobConfig
     job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together;
                  resume_contract.py (a resume's settings, read from the JobConfig); gpu_oom.py
-                 (an out-of-memory error's line, naming the JobConfig's settings)
+                 (an out-of-memory error's line, naming the JobConfig's settings);
+                 config_reference.py (docs/CONFIG.md's key reference, from the JobConfig)
     workers      workers/: the Ray actors' plain classes; they run without the driver
     regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
     driver       driver/: the training job over Ray
@@ -42,7 +43,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),
     ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py",
-             "gpu_oom.py"}),
+             "gpu_oom.py", "config_reference.py"}),
     ("workers", {"workers"}),
     ("regen", {"regen"}),
     ("driver", {"driver"}),
