@@ -2,14 +2,19 @@
 
 Arguments given to ``wandb.init`` override wandb's environment variables, so only the logger
 keys a user set are passed. ``WANDB_MODE``, ``WANDB_PROJECT`` and ``WANDB_ENTITY`` then work as
-wandb documents them. An online run without credentials would stop inside ``wandb.init``
-after every actor started; :func:`check_wandb` says so in one line before anything starts.
+wandb documents them. An online run without credentials, or without a server that answers,
+would stop inside ``wandb.init`` after every actor started (with no network, a traceback after
+about 90 s of wandb's retries); :func:`check_wandb` says so in one line before anything starts:
+it asks the server once, with the key, who the key's user is.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
+import urllib.error
+import urllib.request
 from typing import Any, Mapping, Optional
 
 from pipeline.preflight import PreflightError
@@ -20,6 +25,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PROJECT = "dflash"
 # Modes in which wandb never talks to a server, so it needs no key.
 _LOCAL_MODES = ("offline", "disabled", "dryrun")
+# How long the one check of the server may take: a server that answers takes well under a
+# second; a network that drops the packets gives no answer at all.
+SERVER_TIMEOUT_S = 10.0
 
 
 def wandb_init_switches(logger: Any, environ: Mapping[str, str] = os.environ) -> dict:
@@ -36,18 +44,58 @@ def wandb_init_switches(logger: Any, environ: Mapping[str, str] = os.environ) ->
 
 
 def check_wandb(logger: Any, environ: Mapping[str, str] = os.environ) -> None:
-    """Stop before any actor starts when an online wandb run has no credentials."""
+    """Stop before any actor starts when an online wandb run has no credentials, or its server
+    does not answer or refuses the key."""
     if logger.kind != "wandb":
         return
     settings = _wandb_settings(environ)
     mode = logger.mode or (settings.mode if settings is not None else None) \
         or environ.get("WANDB_MODE") or "online"
-    if mode in _LOCAL_MODES or _has_credentials(settings, environ):
+    if mode in _LOCAL_MODES:
         return
     where = "logger.mode=online" if logger.mode else "logger=wandb with no mode set"
-    raise PreflightError(
-        f"{where}, but wandb has no API key: run `wandb login` (or set WANDB_API_KEY), or log "
-        "locally with WANDB_MODE=offline or logger.mode=offline (logger=none turns wandb off)")
+    offline = ("log locally with WANDB_MODE=offline or logger.mode=offline (logger=none turns "
+               "wandb off)")
+    base_url = getattr(settings, "base_url", None) or environ.get("WANDB_BASE_URL") \
+        or "https://api.wandb.ai"
+    key = _api_key(settings, environ, base_url)
+    if key is None and not environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        raise PreflightError(
+            f"{where}, but wandb has no API key: run `wandb login` (or set WANDB_API_KEY), or "
+            f"{offline}")
+    why = server_problem(base_url, key)
+    if why is not None:
+        raise PreflightError(f"{where}, but {why}, or {offline}")
+
+
+def server_problem(base_url: str, key: Optional[str]) -> Optional[str]:
+    """Why the wandb server at ``base_url`` would fail the run, and what to do (one phrase),
+    or None.
+
+    One GraphQL request for the key's user, as `wandb login --verify` makes: a refused key is
+    HTTP 401 or 403. Any other answer means the server is there (wandb's own retries cope
+    with a passing error); no answer at all is what fails after every actor started.
+    """
+    request = urllib.request.Request(
+        base_url.rstrip("/") + "/graphql", data=b'{"query": "query { viewer { id } }"}',
+        headers={"Content-Type": "application/json"})
+    if key is not None:
+        token = base64.b64encode(f"api:{key}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=SERVER_TIMEOUT_S) as answer:
+            answer.read(1 << 16)
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403) and key is not None:
+            return (f"the wandb server at {base_url} refused the API key (HTTP {e.code}): run "
+                    f"`wandb login` again (or set WANDB_API_KEY)")
+        log.warning("the wandb server at %s answered HTTP %d (%s) to a check of the key; "
+                    "starting anyway", base_url, e.code, e.reason)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        return (f"the wandb server at {base_url} cannot be reached ({reason}): check the "
+                f"network and WANDB_BASE_URL")
+    return None
 
 
 def _wandb_settings(environ: Mapping[str, str]) -> Optional[Any]:
@@ -70,17 +118,14 @@ def _wandb_settings(environ: Mapping[str, str]) -> Optional[Any]:
         return None
 
 
-def _has_credentials(settings: Optional[Any], environ: Mapping[str, str]) -> bool:
-    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return True
-    if settings is not None and getattr(settings, "api_key", None):
-        return True
-    base_url = getattr(settings, "base_url", None) or environ.get("WANDB_BASE_URL") \
-        or "https://api.wandb.ai"
-    return _netrc_has(base_url, environ)
+def _api_key(settings: Optional[Any], environ: Mapping[str, str],
+             base_url: str) -> Optional[str]:
+    """The API key wandb.init would use: the variable, the settings, or the netrc file."""
+    key = environ.get("WANDB_API_KEY") or getattr(settings, "api_key", None)
+    return key or _netrc_key(base_url, environ)
 
 
-def _netrc_has(base_url: str, environ: Mapping[str, str]) -> bool:
+def _netrc_key(base_url: str, environ: Mapping[str, str]) -> Optional[str]:
     """`wandb login` stores the key in the netrc file under the server's host name."""
     import netrc
     from urllib.parse import urlparse
@@ -90,5 +135,5 @@ def _netrc_has(base_url: str, environ: Mapping[str, str]) -> bool:
     try:
         entry = netrc.netrc(path).authenticators(host)
     except (OSError, netrc.NetrcParseError):
-        return False
-    return bool(entry and entry[2])
+        return None
+    return entry[2] if entry and entry[2] else None
