@@ -106,6 +106,9 @@ class ClusterConfig:
     # the process group gives up. Nothing slow (tau eval, saves of the other ranks) runs
     # between the ranks' all-reduces any more, so this bounds real stalls only.
     collective_timeout_s: float = 600.0
+    # Seconds the job waits for Ray to place an actor or a node's placement group while other
+    # jobs hold the resources (logged every 30 s); a job that can never fit is refused at once.
+    placement_timeout_s: float = 300.0
     # manual: targets_per_node/drafters_per_node/gpus_per_actor as given. auto (on CUDA): the
     # driver picks them per node from cluster.rates and the live GPUs per node, before any
     # actor starts (pipeline/driver/layout.py); the manual fields stay the CPU layout.
@@ -127,6 +130,8 @@ class ClusterConfig:
                 self.gpu_memory_gb, "> 0 GB or null (detected)")
         require(self.collective_timeout_s > 0, "cluster.collective_timeout_s",
                 self.collective_timeout_s, "> 0 seconds")
+        require(self.placement_timeout_s > 0, "cluster.placement_timeout_s",
+                self.placement_timeout_s, "> 0 seconds")
         require(self.cpus_per_actor > 0, "cluster.cpus_per_actor", self.cpus_per_actor, "> 0")
         require(0 < self.gpus_per_actor <= 1, "cluster.gpus_per_actor", self.gpus_per_actor,
                 "in (0, 1]: a fraction shares a GPU between actors")

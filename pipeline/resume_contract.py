@@ -68,6 +68,7 @@ CHANGEABLE = frozenset({
     "cluster.address", "cluster.device", "cluster.num_nodes", "cluster.targets_per_node",
     "cluster.drafters_per_node", "cluster.num_slots", "cluster.cpus_per_actor",
     "cluster.gpus_per_actor", "cluster.placement_strategy", "cluster.collective_timeout_s",
+    "cluster.placement_timeout_s",
     "cluster.layout", "cluster.rates.target_samples_per_s",
     "cluster.rates.drafter_samples_per_s", "cluster.rates.max_length",
     "cluster.rates.micro_batch_size", "cluster.rates.profile",

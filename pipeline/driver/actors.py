@@ -26,6 +26,7 @@ from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
 from pipeline.driver.drafter_group import DrafterGroup, policy_for
 from pipeline.driver.launcher import NodeGroup, node_groups, release_groups, remove_groups
+from pipeline.driver.placement import wait_placed
 from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
 from pipeline.actor_pool import release_actors
@@ -89,6 +90,10 @@ class ActorGroup:
         """Every actor started and recorded as it starts, so close() finds each one."""
         assert self.prefetcher is None, "start() on a started group: close() or restart()"
         self.prefetcher = self._start_prefetcher()
+        # The first actor: where the cluster's CPUs are held by others, the wait says so.
+        wait_placed(self.prefetcher.__ray_ready__.remote(),
+                    f"the prefetcher (CPU: {self.job.cluster.cpus_per_actor:g}) to start",
+                    self.job.cluster.placement_timeout_s)
         self.plan = plan = ray.get(self.prefetcher.summary.remote())
         log.info("plan: %d samples; steps %d..%d of %d micro-batches", plan.num_samples,
                  plan.first_step + 1, plan.end_step, self.micro_batches_per_step)

@@ -31,6 +31,7 @@ from pipeline.driver.launcher import check_cluster, live_nodes
 from pipeline.driver.layout import with_live_layout
 from pipeline.driver.memory import check_target_memory
 from pipeline.driver.observers import step_observers
+from pipeline.driver.placement import check_placement
 from pipeline.driver.progress import Progress
 from pipeline.driver.recovery import NonFiniteError, Recovery, lost_actor
 from pipeline.driver.runlock import RunLock
@@ -39,6 +40,7 @@ from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
 from pipeline.job_data import load_job_data
+from pipeline.preflight import PreflightError
 from pipeline.resolve import resolve_job
 from pipeline.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
@@ -105,13 +107,7 @@ class Driver:
     def _run_on_ray(self, cpus: float, t_start: float) -> RunSummary:
         # Ray's core worker takes SIGTERM over at ray.init: stop_signals gives it back.
         with stop_signals.ray_session(self.job.cluster.address, cpus):
-            # cluster.layout=auto: the split per node from the rates, checked as a manual one.
-            self.job = with_live_layout(self.job)
-            c = self.job.cluster
-            device = check_cluster(c, self.job.train.eval, self.job.target.stages)
-            if device != self.r.device:  # the cluster's nodes decide, not this host's
-                self.r = resolve_job(self.job, device=device)
-            check_target_memory(self.job, self.r, device, live_nodes())
+            self._check_cluster()
             ckpt.clean_stale(self.out_dir)
             with contextlib.ExitStack() as stack:
                 # The evaluator is launched first and built while the training actors start,
@@ -129,6 +125,22 @@ class Driver:
                 self.evaluator = evaluator
                 self._load_checkpoint(actors, self.resume_from, self.resume)
                 return self._run(actors, t_start)
+
+    def _check_cluster(self) -> None:
+        """The layout, the placement and the target's memory against the live cluster, before
+        any actor starts: what can never work there is refused in one line."""
+        try:
+            # cluster.layout=auto: the split per node from the rates, checked as a manual one.
+            self.job = with_live_layout(self.job)
+            c, stages = self.job.cluster, self.job.target.stages
+            device = check_cluster(c, self.job.train.eval, stages)
+            if device != self.r.device:  # the cluster's nodes decide, not this host's
+                self.r = resolve_job(self.job, device=device)
+            nodes = live_nodes()
+            check_placement(c, self.job.train.eval, device, nodes, stages)
+            check_target_memory(self.job, self.r, device, nodes)
+        except ValueError as e:
+            raise PreflightError(str(e)) from None
 
     def _nothing_to_do(self) -> Optional[RunSummary]:
         """A resume whose checkpoint already holds what the job asks for trains nothing."""

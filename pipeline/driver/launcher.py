@@ -23,6 +23,7 @@ from ray.util.placement_group import (placement_group, placement_group_table,
 from pipeline.config import ClusterConfig
 from pipeline.eval.config import EvalConfig
 from pipeline.actor_pool import keep_groups, kept_groups
+from pipeline.driver.placement import resources_text, wait_placed
 from pipeline.ray_start import Placement
 from pipeline.resolve import cluster_device
 
@@ -177,12 +178,12 @@ class NodeGroup:
         return Placement(cpus=self.cpus, gpus=self.gpus, group=self.pg, bundle=bundle)
 
 
-def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
-                stages: int = 1) -> list[NodeGroup]:
+def node_groups(cfg: ClusterConfig, device: str, stages: int = 1) -> list[NodeGroup]:
     """One STRICT_PACK group per node, sorted by node id; none is left behind on failure.
 
     Bundles: each target's ``stages`` (target i, stage s at ``i * stages + s``), then the
-    drafters."""
+    drafters. Each group waits up to ``cluster.placement_timeout_s`` for room
+    (:func:`placement.wait_placed`: what it waits for, every 30 s)."""
     per_node = cfg.bundles_per_node(stages)
     bundle = _bundle(cfg, device)
     kept = kept_groups(_spec(cfg, device, stages))
@@ -195,10 +196,8 @@ def node_groups(cfg: ClusterConfig, device: str, timeout_s: float = 300.0,
                                  strategy=cfg.placement_strategy)
             groups.append(NodeGroup(node_id="", pg=pg, cpus=cfg.cpus_per_actor,
                                     gpus=bundle.get("GPU", 0.0)))
-            ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-            if not ready:
-                raise RuntimeError(f"placement group of {per_node} x {bundle} was not scheduled "
-                                   f"in {timeout_s:.0f}s: check cluster.* against `ray status`")
+            wait_placed(pg.ready(), f"node {len(groups) - 1}'s placement group ({per_node} x "
+                        f"{resources_text(bundle)}) to be placed", cfg.placement_timeout_s)
             nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
             if len(nodes) != 1:  # check_cluster refuses the layouts that allow this
                 raise RuntimeError(f"placement group {len(groups) - 1} spans nodes "
