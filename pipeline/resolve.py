@@ -81,6 +81,7 @@ def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     from transformers import AutoConfig, AutoTokenizer
 
     from pipeline.assets import resolve_data_path, resolve_target_path
+    from pipeline.assets.cache_entry import recheck_after_failure
 
     target_path = resolve_target_path(job.target.path)
     train_path = resolve_data_path(job.data.train_path, "train")
@@ -90,7 +91,15 @@ def resolve_job(job: JobConfig, device: Optional[str] = None) -> ResolvedJob:
     check_data_file("data.heldout_path", job.data.heldout_path, heldout_path)
     check_target_family("target.path", job.target.path, target_path)
     device = device or resolve_device(job.cluster.device)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+    except Exception:
+        # A cached target (the demo's, a GGUF conversion) is hashed once a load from it
+        # fails: a damaged copy is made again, in one line, and loaded once more.
+        if recheck_after_failure(target_path) is None:
+            raise
+        target_path = resolve_target_path(job.target.path)
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
     target_config = AutoConfig.from_pretrained(target_path).to_dict()
     spec = build_drafter_spec(target_config, job.drafter, tokenizer.mask_token_id)
     target_dtype = resolve_dtype(job.target.dtype, device)

@@ -5,22 +5,24 @@ Concurrent callers are safe: a file lock lets one process build while the others
 build happens in a temporary sibling directory that is renamed into place only when complete,
 so a half-built directory is never visible under the final name. A fresh directory gets the
 build shipped with the package where it is this code's (pipeline/assets/shipped.py), else a
-build of its own.
+build of its own. Each use checks the files against the sizes and sha256 sums recorded when
+they were cached (pipeline/assets/cache_entry.py): a damaged directory is copied (or built)
+again, with one line saying so, and building folders a killed run left are removed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
+from pipeline.assets import cache_entry
 from pipeline.assets.build import MANIFEST, TARGET_DIR, build_tiny_assets
+from pipeline.assets.cache_entry import file_lock
 from pipeline.assets.chat_data import DATA_FILES
 from pipeline.assets.recipe import ASSETS_VERSION, recipe_changes
 from pipeline.assets.shipped import copy_shipped
@@ -56,13 +58,20 @@ def default_assets_dir() -> str:
 def ensure_tiny_assets(root: Optional[str] = None) -> TinyAssets:
     """The tiny assets under ``root`` (default: :func:`default_assets_dir`), built if missing."""
     root = os.path.abspath(os.path.expanduser(root)) if root else default_assets_dir()
-    if not _is_built(root):
-        parent = os.path.dirname(root)
-        os.makedirs(parent, exist_ok=True)
-        with file_lock(root + ".lock"):
-            if not _is_built(root):  # another process may have built it while we waited
+    lock = root + ".lock"
+    cache_entry.sweep_leftovers(root, lock)
+    if not _is_built(root) or _damage(root):
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        with file_lock(lock):
+            damage = _damage(root)  # another process may have built or mended it meanwhile
+            if damage:
+                log.warning("%s: the tiny demo assets in %s are damaged; making them again",
+                            damage, root)
+                cache_entry.discard(root)
+            if not _is_built(root):
                 _build_atomically(root)
     _check_version(root)
+    cache_entry.adopt(root)
     return TinyAssets.at(root)
 
 
@@ -70,14 +79,8 @@ def _is_built(root: str) -> bool:
     return os.path.isfile(os.path.join(root, MANIFEST))
 
 
-@contextmanager
-def file_lock(path: str) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _damage(root: str) -> Optional[str]:
+    return cache_entry.problem(root) if _is_built(root) else None
 
 
 def _build_atomically(root: str) -> None:
@@ -91,6 +94,7 @@ def _build_atomically(root: str) -> None:
         if not copied:
             log.info("building the tiny DFlash demo assets in %s (once; under a minute)", root)
             manifest = build_tiny_assets(tmp)
+        cache_entry.write_listing(tmp)
         os.rename(tmp, root)  # atomic; replaces an empty directory left by a caller
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

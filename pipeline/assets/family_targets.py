@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from typing import Optional
 
-from pipeline.assets.cache import default_assets_dir, file_lock
+from pipeline.assets.cache import default_assets_dir
+from pipeline.assets.cache_entry import file_lock, sweep_leftovers
 from pipeline.assets.templates import CHAT_FORMATS, family_tokenizer
 
 VERSION = "tiny-families-v1"
@@ -114,6 +115,7 @@ def ensure_family_target(model_type: str, root: Optional[str] = None,
                          f"{list(FAMILY_TARGETS)}")
     root = root or family_targets_dir()
     folder = os.path.join(root, model_type)
+    sweep_leftovers(folder, folder + ".lock")
     if os.path.isfile(os.path.join(folder, _DONE)):
         return folder
     os.makedirs(root, exist_ok=True)

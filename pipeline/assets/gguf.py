@@ -14,6 +14,10 @@ The folder is ``<cache>/<sha256 of the file>``, with ``<cache>`` ``$DFLASH_GGUF_
 edited file is converted again. One process converts under a file lock while the others wait;
 the conversion is written to a temporary sibling and renamed into place when complete, so a
 half-written folder is never visible under its final name.
+
+The file's header and tensor table are checked against its size before anything reads it
+(pipeline/assets/integrity.py: a file cut short is one line naming it), and the cached folder
+on each use (pipeline/assets/cache_entry.py: a damaged one is converted again).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import os
 import shutil
 import tempfile
 
+from pipeline.assets import cache_entry
+from pipeline.assets.cache_entry import file_lock
+from pipeline.assets.integrity import check_gguf
 from pipeline.preflight import PreflightError
 
 log = logging.getLogger(__name__)
@@ -60,22 +67,29 @@ def file_sha256(path: str) -> str:
 
 def gguf_folder(path: str, root: str | None = None) -> str:
     """The HF folder converted from the GGUF file ``path``, converting it on first use."""
-    from pipeline.assets.cache import file_lock
-
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise PreflightError(f"{path}: no such GGUF file")
+    check_gguf(path)
     missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise PreflightError(f"{path} is a GGUF file, and reading it needs the package(s) "
                              f"{missing}: install them with `{INSTALL_HINT}`")
     root = root or cache_root()
     folder = os.path.join(root, file_sha256(path))
-    if _is_converted(folder):
+    cache_entry.sweep_leftovers(folder, folder + ".lock")
+    if _is_converted(folder) and not cache_entry.problem(folder):
+        cache_entry.adopt(folder)
         return folder
     os.makedirs(root, exist_ok=True)
     with file_lock(folder + ".lock"):
-        if not _is_converted(folder):  # another process may have converted it meanwhile
+        # Another process may have converted (or mended) it meanwhile.
+        damage = cache_entry.problem(folder) if _is_converted(folder) else None
+        if damage:
+            log.warning("%s: the conversion of %s is damaged; converting it again", damage,
+                        path)
+            cache_entry.discard(folder)
+        if not _is_converted(folder):
             log.info("converting GGUF %s into an HF folder %s (once per file content)",
                      path, folder)
             _convert_atomically(path, folder)
@@ -95,6 +109,7 @@ def _convert_atomically(path: str, folder: str) -> None:
                            dir=os.path.dirname(folder))
     try:
         convert(path, tmp)
+        cache_entry.write_listing(tmp)
         shutil.rmtree(folder, ignore_errors=True)  # a folder left without its manifest
         os.rename(tmp, folder)
     except BaseException:

@@ -4,6 +4,10 @@
 A path ending in ``.gguf`` (target only) is a GGUF file, converted once into a cached HF folder
 (pipeline/assets/gguf.py). Anything else is taken as a real path and returned unchanged (``~``
 expanded), so configs can name either the demo or a user's own model and data.
+
+Every entry point (train, train_single, regenerate, the evaluator through the resolved job)
+gets its target folder here, so here its weights are checked: each safetensors header against
+its file's size (pipeline/assets/integrity.py), before Ray or any model loads.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Optional
 from pipeline.assets.cache import ensure_tiny_assets
 from pipeline.assets.family_targets import FAMILY_TARGETS, ensure_family_target
 from pipeline.assets.gguf import gguf_folder, is_gguf
+from pipeline.assets.integrity import check_model_folder
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny",)
@@ -34,7 +39,14 @@ def resolve_target_path(value: str) -> str:
     """``builtin:tiny`` -> the tiny target's folder (built on first use);
     ``builtin:tiny-<model_type>`` -> a tiny random-weight target of that family
     (pipeline/assets/family_targets.py); ``*.gguf`` -> its converted HF folder (converted on
-    first use, pipeline/assets/gguf.py); else ``value``."""
+    first use, pipeline/assets/gguf.py); else ``value``. Its weights' headers are checked
+    (a missing folder or file is left to pipeline.preflight, which names the config key)."""
+    folder = _target_folder(value)
+    check_model_folder(folder)
+    return folder
+
+
+def _target_folder(value: str) -> str:
     family = value[len(BUILTIN_PREFIX + "tiny-"):]
     if value.startswith(BUILTIN_PREFIX + "tiny-"):
         if family not in FAMILY_TARGETS:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.assets import cache, ensure_tiny_assets
+from pipeline.assets.cache_entry import LISTING
 from pipeline.assets.shipped import (SUMS, copy_shipped, ship, shipped_dir, why_unusable,
                                      write_sums)
 
@@ -38,8 +39,11 @@ def test_a_fresh_directory_gets_the_shipped_files_without_a_build(tmp_path, monk
     names = sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*")
                    if p.is_file() and p.name != SUMS)
     copied = sorted(str(p.relative_to(assets.root)) for p in Path(assets.root).rglob("*")
-                    if p.is_file())
+                    if p.is_file() and p.name != LISTING)
     assert copied == names and "target/model.safetensors" in names
+    # Beside them, the sizes and sums each later use checks them against.
+    listed = json.loads((Path(assets.root) / LISTING).read_text())["files"]
+    assert sorted(listed) == names
     assert all((shipped / n).read_bytes() == (Path(assets.root) / n).read_bytes() for n in names)
     assert sorted(os.listdir(tmp_path)) == ["tiny", "tiny.lock"]
 
