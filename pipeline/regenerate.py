@@ -17,13 +17,17 @@ batches (``--engine generate``, the baseline); static and cb fall back to ``gene
 one log line where they cannot serve the model. A run that writes
 nothing (every line bad, or none at all) says so and ends rc 1. The output has one
 record per good input line, in input order: ``{"messages": [...], "source_line": <0-based
-input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [...]}}``.
+input line>, "regen": {"num_tokens": [...], "finished": [...], "round_trips": [...]},
+"fingerprint": {...}}`` (what it was made from: its input line, target, chat template,
+thinking and max new tokens; pipeline/regen/fingerprint.py).
 An answer is stored as the exact text the target wrote, reasoning included, and each turn is
 checked to re-render through the template as that text (``round_trips``). Rerunning with the same
 arguments resumes: complete records are kept (a half-written last line is cut off) and the
-rest is appended. Ctrl-C and SIGTERM (``ray job stop``, a preemption) end a run with one line
-that says so (exit 130 and 143), the generators killed and the output's records whole. Work
-is spread over ``--num-workers`` Ray actors, one GPU each on cuda.
+rest is appended. An output of another input or other settings is refused in one line naming
+the first input line or setting that differs; ``--restart`` starts it anew. Ctrl-C and SIGTERM
+(``ray job stop``, a preemption) end a run with one line that says so (exit 130 and 143), the
+generators killed and the output's records whole. Work is spread over ``--num-workers`` Ray
+actors, one GPU each on cuda.
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ if __name__ == "__main__":  # before the imports below (torch, Triton): until ma
     startup_gc.defer_full_collections()
 
 from pipeline import stop_signals  # noqa: E402
+from pipeline.cli_help import REGENERATE_EXAMPLES, REGENERATE_MAIN, add_short_help  # noqa: E402
 from pipeline.data.config import FORMATS, ON_BAD_LINE  # noqa: E402
 from pipeline.gpu_oom import gpu_oom_line  # noqa: E402
 from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES  # noqa: E402
 from pipeline.regen.config import AUTO_COMPILE_FLOP, DEVICES, DTYPES, RegenConfig  # noqa: E402
 from pipeline.regen.static_attention import CHOICES as ATTENTIONS  # noqa: E402
-from pipeline.regen.runner import execute, prepare  # noqa: E402
+from pipeline.regen.runner import TargetRemade, execute, prepare  # noqa: E402
 
 # One source of defaults: the flags show RegenConfig's.
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RegenConfig)}
@@ -53,10 +58,14 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RegenConfig)}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.regenerate",
-                                description=__doc__.split("\n\n")[0],
+                                description=__doc__.split("\n\n")[0], add_help=False,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input", required=True, help="chat JSONL (messages or ShareGPT)")
     p.add_argument("--output", required=True, help="JSONL to write, or to resume")
+    p.add_argument("--restart", action="store_true",
+                   help="start --output anew, the earlier file kept as "
+                        "<output>.before-restart (a resume refuses an output of another "
+                        "input or settings)")
     p.add_argument("--target", default=_DEFAULTS["target"],
                    help="HF model folder, or builtin:tiny")
     p.add_argument("--num-workers", type=int, default=_DEFAULTS["num_workers"],
@@ -115,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_DEFAULTS["cb_compile_level"],
                    help="cb: torch.compile of the steps, 0 (off) to 3")
     p.add_argument("--ray-address", default=None, help="default: $RAY_ADDRESS, else local")
+    add_short_help(p, REGENERATE_MAIN, REGENERATE_EXAMPLES)  # -h: a page; --help-all: all
     return p
 
 
@@ -147,6 +157,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM where the entry point installed it
         print(f"regenerate: {stop_signals.cause(stop)}; {go_on}", file=sys.stderr)
         return stop_signals.exit_code(stop)
+    except TargetRemade as e:  # a damaged cached target, made again: the rerun loads it
+        print(f"regenerate: {e}", file=sys.stderr)
+        return 1
     except Exception as e:
         line = gpu_oom_line(e, lambda actor: engine_knobs(plan.cfg), go_on)
         if line is None:

@@ -19,6 +19,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 class RegenConfig:
     input: str  # chat JSONL, OpenAI "messages" or ShareGPT "conversations" per line
     output: str  # JSONL in "messages" form plus "source_line"; appended to when it exists
+    # Start --output anew instead of resuming it (the earlier file is kept beside it, as
+    # <output>.before-restart): a resume refuses an output of another input or settings.
+    restart: bool = False
     target: str = "builtin:tiny"  # HF model folder, or builtin:tiny (the embedded demo)
     num_workers: int = 1  # generator actors; one GPU each on cuda
     device: str = "auto"  # auto: cuda when the Ray cluster has GPUs

@@ -1,8 +1,8 @@
 """The regeneration job: check everything, then stream batches through the generators.
 
 :func:`prepare` does all that can fail on a user mistake (options, a malformed input line in
-``error`` mode, an output file from another input) before any actor starts; :func:`execute`
-then generates, appending records to the output in input order.
+``error`` mode, an output file from another input or other settings) before any actor starts;
+:func:`execute` then generates, appending records to the output in input order.
 """
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from pipeline.assets import resolve_target_path
+from pipeline.assets.cache_entry import recheck_after_failure
 from pipeline.data.reader import Conversation, read_conversations
 from pipeline.data.stats import DataStats
 from pipeline.regen.actors import (describe_generators, engine_counts, ordered_results,
                                    pick_device, pick_dtype, ray_session, start_generators,
                                    stop_generators)
 from pipeline.regen.config import RegenConfig
+from pipeline.regen.fingerprint import InputLines, describe, first_difference, settings_of
 from pipeline.regen.messages import GenRequest, GenResult
-from pipeline.regen.output import format_record, resume_output
+from pipeline.regen.output import Done, format_record, resume_output
 from pipeline.regen.progress import LineProgress
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,15 @@ class Plan:
     resumed: int
     remaining: Iterator[Conversation]  # input conversations not yet in the output
     stats: DataStats  # filled as ``remaining`` is read
+    settings: dict[str, Any]  # the fingerprint's settings part (pipeline/regen/fingerprint.py)
+    lines: InputLines  # the input lines' fingerprints, read on in step with ``remaining``
+
+    def fingerprint(self, line_index: int) -> dict[str, Any]:
+        return {"input": self.lines.digest(line_index), **self.settings}
+
+
+class TargetRemade(RuntimeError):
+    """The cached target was found damaged after its load failed, and was made again."""
 
 
 def prepare(cfg: RegenConfig) -> Plan:
@@ -79,15 +90,34 @@ def prepare(cfg: RegenConfig) -> Plan:
                          f"model folder or builtin:tiny")
     total = _count_lines(cfg)
     os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
+    settings = settings_of(target_path, cfg.enable_thinking, cfg.max_new_tokens)
+    if cfg.restart:
+        _set_aside(cfg.output)
     stats = DataStats()
     # Prompts-only lines (no assistant turn yet) are the usual input: they get their answer.
     remaining = read_conversations(cfg.input, cfg.format, cfg.on_bad_line, stats,
                                    require_assistant=False)
     done = resume_output(cfg.output)
-    _skip_done(remaining, done, cfg)
+    lines = InputLines(cfg.input)
+    try:
+        _skip_done(remaining, done, cfg, settings, lines)
+    except BaseException:
+        lines.close()
+        raise
     if done:
-        log.info("%s already holds %d record(s): resuming after them", cfg.output, len(done))
-    return Plan(cfg, target_path, total, len(done), remaining, stats)
+        log.info("%s already holds %d record(s) of this input and these settings: resuming "
+                 "after them", cfg.output, len(done))
+    return Plan(cfg, target_path, total, len(done), remaining, stats, settings, lines)
+
+
+def _set_aside(output: str) -> None:
+    """--restart: the earlier output is kept beside the new one, never deleted (its answers
+    may have cost hours of GPU time), until the next --restart replaces it."""
+    if not os.path.exists(output):
+        return
+    kept = output + ".before-restart"
+    os.replace(output, kept)
+    log.warning("--restart: the earlier %s was moved to %s; writing it anew", output, kept)
 
 
 def _count_lines(cfg: RegenConfig) -> int:
@@ -106,16 +136,45 @@ def _count_lines(cfg: RegenConfig) -> int:
         return sum(1 for raw in f if raw.strip())
 
 
-def _skip_done(remaining: Iterator[Conversation], done: list[int], cfg: RegenConfig) -> None:
-    """Consume the conversations the output already holds, checking they are the same ones."""
-    for n, source_line in enumerate(done):
+def _ways_on(output: str) -> str:
+    """How every refusal to resume ends."""
+    return (f"--restart starts {output} anew (the old file is kept beside it), or pick "
+            f"another --output")
+
+
+def _skip_done(remaining: Iterator[Conversation], done: list[Done], cfg: RegenConfig,
+               settings: dict[str, Any], lines: InputLines) -> None:
+    """Consume the conversations the output already holds, checking each record was made from
+    the same input line with the same settings (its fingerprint): a resume keeps only answers
+    it can prove are this run's."""
+    for n, (source_line, fingerprint) in enumerate(done):
+        at = f"{cfg.output}:{n + 1}"
         conv = next(remaining, None)
         if conv is None or conv.line_index != source_line:
             got = "no more conversations" if conv is None else f"line {conv.line_index}"
             raise ValueError(
-                f"{cfg.output}:{n + 1}: has source_line={source_line} but conversation "
+                f"{at}: has source_line={source_line} but conversation "
                 f"{n + 1} of --input={cfg.input} is {got}: the output was written from "
-                f"another input or --format/--on-bad-line; delete it or pick another --output")
+                f"another input or --format/--on-bad-line; {_ways_on(cfg.output)}")
+        line = f"{cfg.input}:{source_line + 1}"
+        if fingerprint is None:
+            raise ValueError(
+                f"{at}: carries no fingerprint of its input line and settings (written before "
+                f"regeneration recorded them), so nothing proves it answers {line} as this run "
+                f"would; {_ways_on(cfg.output)}")
+        changed = first_difference(fingerprint, settings)
+        if changed is not None:
+            name, was, now = changed
+            raise ValueError(
+                f"{at}: was generated with {describe(name, was)}, this run has "
+                f"{describe(name, now)}: resuming would mix answers of both; rerun with the "
+                f"output's setting, or {_ways_on(cfg.output)}")
+        digest = lines.digest(source_line)
+        if fingerprint.get("input") != digest:
+            raise ValueError(
+                f"{line}: differs from the line {at} was generated from (fingerprint "
+                f"{fingerprint.get('input')} then, {digest} now): the input changed since; "
+                f"{_ways_on(cfg.output)}")
 
 
 def _batches(conversations: Iterator[Conversation],
@@ -130,9 +189,10 @@ def execute(plan: Plan) -> RegenSummary:
     cfg, started = plan.cfg, time.perf_counter()
     summary = RegenSummary(resumed=plan.resumed)
     batches = _batches(plan.remaining, cfg.conversations_per_call)
-    first = next(batches, None)
-    if first is not None:
-        _generate(plan, itertools.chain([first], batches), summary)
+    with plan.lines:
+        first = next(batches, None)
+        if first is not None:
+            _generate(plan, itertools.chain([first], batches), summary)
     summary.lines_read = plan.stats.lines_read
     summary.skipped_bad = plan.stats.skipped_bad
     summary.wall_s = time.perf_counter() - started
@@ -153,16 +213,13 @@ def _generate_on_ray(plan: Plan, batches: Iterator[list[GenRequest]],
     try:
         device = pick_device(cfg)
         dtype = pick_dtype(cfg, device)
-        workers = start_generators(cfg, plan.target_path, device, dtype,
-                                   lines=max(0, plan.total_lines - plan.resumed))
-        log.info("regenerating with %d generator(s) on %s (%s)", len(workers), device, dtype)
-        for line in describe_generators(workers):
-            log.info("%s", line)
+        workers = _load_generators(plan, device, dtype)
         with open(cfg.output, "a", encoding="utf-8") as out:
             for results in ordered_results(workers, batches, cfg.in_flight_per_worker):
                 # Whole records, flushed per batch: whenever a crash comes, the file is a
                 # prefix of the full output, cut inside at most one record.
-                out.write("".join(format_record(r) for r in results))
+                out.write("".join(format_record(r, plan.fingerprint(r.line_index))
+                                  for r in results))
                 out.flush()
                 summary.add(results)
                 progress.advance(len(results), plan.stats.skipped_bad, summary.tokens)
@@ -172,6 +229,29 @@ def _generate_on_ray(plan: Plan, batches: Iterator[list[GenRequest]],
     finally:
         progress.close()
         stop_generators(workers)
+
+
+def _load_generators(plan: Plan, device: str, dtype) -> list:
+    """The generators, each with the target loaded. Where a load fails and the target is a
+    cached copy (the demo's, a GGUF conversion), its files are hashed: a damaged copy is made
+    again and the run ends in one line saying so (the rerun loads the new copy)."""
+    cfg = plan.cfg
+    workers: list = []
+    try:
+        workers = start_generators(cfg, plan.target_path, device, dtype,
+                                   lines=max(0, plan.total_lines - plan.resumed))
+        log.info("regenerating with %d generator(s) on %s (%s)", len(workers), device, dtype)
+        for line in describe_generators(workers):
+            log.info("%s", line)
+        return workers
+    except Exception:
+        stop_generators(workers)
+        remade = recheck_after_failure(plan.target_path)
+        if remade is None:
+            raise
+        resolve_target_path(cfg.target)
+        raise TargetRemade(f"the target failed to load: {remade}; nothing was written by this "
+                           f"run, and the same command goes on") from None
 
 
 def _report_engines(counts: list[dict], summary: RegenSummary) -> None:

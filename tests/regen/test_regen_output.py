@@ -9,11 +9,19 @@ from pipeline.regen.messages import GenResult, TurnResult
 from pipeline.regen.output import format_record, resume_output
 
 
+FINGERPRINT = {"input": "0" * 16, "target": "1" * 16, "chat_template": "2" * 16,
+               "enable_thinking": True, "max_new_tokens": 8}
+
+
 def _record(line, text="answer"):
     result = GenResult(line, ({"role": "user", "content": "q"},
                               {"role": "assistant", "content": text}),
                        (TurnResult(text, 3, True),), on_main_thread=True)
-    return format_record(result)
+    return format_record(result, FINGERPRINT)
+
+
+def _lines(path):
+    return [d.source_line for d in resume_output(str(path))]
 
 
 def test_missing_output_resumes_from_nothing(tmp_path):
@@ -24,7 +32,7 @@ def test_partial_last_line_is_cut_off(tmp_path):
     path = tmp_path / "out.jsonl"
     whole = _record(0) + _record(3)
     path.write_text(whole + _record(4)[:17], encoding="utf-8")
-    assert resume_output(str(path)) == [0, 3]
+    assert _lines(path) == [0, 3]
     assert path.read_text(encoding="utf-8") == whole
 
 
@@ -32,7 +40,7 @@ def test_line_separators_inside_strings_are_not_line_ends(tmp_path):
     # ensure_ascii=False leaves U+2028 raw; str.splitlines would split the record there.
     path = tmp_path / "out.jsonl"
     path.write_text(_record(0, "a\u2028b\x1cc") + _record(1), encoding="utf-8")
-    assert resume_output(str(path)) == [0, 1]
+    assert _lines(path) == [0, 1]
     assert json.loads(path.read_text(encoding="utf-8").split("\n")[0])["messages"][1][
         "content"] == "a\u2028b\x1cc"
 
@@ -52,6 +60,21 @@ def test_record_is_openai_messages_plus_source_line():
     assert record["source_line"] == 7
     assert record["messages"][1] == {"role": "assistant", "content": "answer"}
     assert record["regen"] == {"num_tokens": [3], "finished": [True], "round_trips": [True]}
+    assert record["fingerprint"] == FINGERPRINT
+
+
+def test_a_record_reads_back_with_its_fingerprint_and_trains_as_a_chat(tmp_path):
+    """The resume scan gives each record's fingerprint back (None for a record of an earlier
+    version); the training data reader takes a record as a chat and ignores the rest."""
+    from pipeline.data.reader import parse_line
+
+    path = tmp_path / "out.jsonl"
+    old = json.loads(_record(1))
+    del old["fingerprint"]
+    path.write_text(_record(0) + json.dumps(old) + "\n", encoding="utf-8")
+    assert resume_output(str(path)) == [(0, FINGERPRINT), (1, None)]
+    assert parse_line(_record(0)) == [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "answer"}]
 
 
 @pytest.mark.parametrize("override, flag", [

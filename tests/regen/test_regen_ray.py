@@ -1,7 +1,9 @@
 """`pipeline.regenerate` end to end on a local Ray: order, equality, resume, bad lines."""
 
+import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -89,6 +91,96 @@ def test_output_of_another_input_is_refused(full_run, tiny_assets, chat_file, tm
     with pytest.raises(ValueError, match=r"regen.jsonl:2: has source_line=2 but conversation"
                                          r" 2 of --input=.* is line 1"):
         prepare(_config(tiny_assets, chat_file, other))
+
+
+def _copy(full, tmp_path, name="regen.jsonl"):
+    out = tmp_path / name
+    out.write_bytes(full.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("override, said", [
+    ({"max_new_tokens": 8}, "was generated with --max-new-tokens 16, this run has "
+                            "--max-new-tokens 8"),
+    ({"enable_thinking": False}, "was generated with --enable-thinking, this run has "
+                                 "--no-enable-thinking")])
+def test_output_of_other_settings_is_refused_before_any_model_loads(
+        full_run, tiny_assets, chat_file, tmp_path, override, said):
+    """Resuming with a setting that shapes the answers changed would keep the old answers
+    under the new setting: refused in one line naming the setting, the output untouched."""
+    full, _ = full_run
+    out = _copy(full, tmp_path)
+    with pytest.raises(ValueError) as refused:
+        prepare(_config(tiny_assets, chat_file, out, **override))
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"{out}:1: {said}")
+    assert "--restart" in line
+    assert out.read_bytes() == full.read_bytes()
+
+
+def test_output_of_another_target_is_refused(full_run, tiny_assets, chat_file, tmp_path):
+    full, _ = full_run
+    other = tmp_path / "target"
+    shutil.copytree(tiny_assets.target_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(dict(config, rms_norm_eps=1e-5)))
+    out = _copy(full, tmp_path)
+    cfg = dataclasses.replace(_config(tiny_assets, chat_file, out), target=str(other))
+    with pytest.raises(ValueError, match=rf"{out}:1: was generated with --target [0-9a-f]{{16}}"):
+        prepare(cfg)
+
+
+def test_output_of_an_edited_input_names_the_first_line_that_differs(
+        full_run, tiny_assets, chat_file, tmp_path, capsys):
+    """Same lines, same conversations count, one prompt edited: the output's answer to the old
+    prompt is not this input's. The first edited line is named as file:line, exit 2."""
+    full, _ = full_run
+    lines = Path(chat_file).read_text().splitlines()
+    edited = json.loads(lines[1])
+    edited["messages"][1]["content"] += " Briefly."
+    lines[1] = json.dumps(edited)
+    src = tmp_path / "edited.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = _copy(full, tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--input", str(src), "--output", str(out), "--target", "builtin:tiny",
+              "--max-new-tokens", "16"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{src}:2: differs from the line {out}:2 was generated from" in err
+    assert out.read_bytes() == full.read_bytes()
+
+
+def test_output_without_fingerprints_is_refused_with_the_way_on(full_run, tiny_assets,
+                                                              chat_file, tmp_path):
+    """Records of an earlier version carry no fingerprint: nothing proves they are this run's,
+    so they are not adopted; the line says how to start anew."""
+    full, _ = full_run
+    out = tmp_path / "regen.jsonl"
+    records = _records(full)
+    for r in records:
+        del r["fingerprint"]
+    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match=rf"{out}:1: carries no fingerprint .* --restart "
+                                         rf"starts {out} anew"):
+        prepare(_config(tiny_assets, chat_file, out))
+
+
+@pytest.mark.slow
+def test_restart_writes_the_output_anew_and_keeps_the_old_beside_it(full_run, tiny_assets,
+                                                                   chat_file, tmp_path):
+    full, _ = full_run
+    out = _copy(full, tmp_path)
+    summary = run(_config(tiny_assets, chat_file, out, max_new_tokens=8, restart=True))
+    assert (summary.resumed, summary.regenerated) == (0, 6)
+    assert (tmp_path / "regen.jsonl.before-restart").read_bytes() == full.read_bytes()
+    records = _records(out)
+    assert [r["fingerprint"]["max_new_tokens"] for r in records] == [8] * 6
+    assert all(n <= 8 for r in records for n in r["regen"]["num_tokens"])
+    # The fingerprints of the input lines are the same whatever the settings.
+    assert [r["fingerprint"]["input"] for r in records] == \
+        [r["fingerprint"]["input"] for r in _records(full)]
 
 
 @pytest.fixture()
