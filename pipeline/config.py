@@ -381,6 +381,11 @@ def check_across_sections(job: JobConfig) -> None:
     require(not (job.train.eval.weights_ring is True and d.parallel == "fsdp"),
             "train.eval.weights_ring", True, "false or null under drafter.parallel=fsdp (the "
             "full weights are gathered to host memory on every rank, not held on one device)")
+    # A staged target splits only the layers up to the deepest tap (model/stages.py); the
+    # final hidden state distillation reads would need a last stage that runs the rest.
+    require(not (d.distills and job.target.stages > 1), "drafter.distill_weight",
+            d.distill_weight, "0 with target.stages > 1 (a staged target stops at its deepest "
+            "tap and hands over no final hidden state; use target.stages=1 to distil)")
 
 
 def weights_ring(job: JobConfig) -> Optional[bool]:

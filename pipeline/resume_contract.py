@@ -43,6 +43,9 @@ FIXED = frozenset({
     "drafter.num_layers", "drafter.block_size", "drafter.target_layer_ids",
     "drafter.num_taps",  # checked as the taps it resolves to (drafter.target_layer_ids)
     "drafter.mask_token_id", "drafter.num_anchors", "drafter.gamma",
+    # The rest of the objective, as gamma: what the weights were trained to minimise.
+    "drafter.position_weights", "drafter.dpace_alpha", "drafter.distill_weight",
+    "drafter.distill_temperature",
     # The starting weights: a resume under another init would continue from weights that
     # init did not give.
     "drafter.init", "drafter.init_layer_ids",
@@ -173,7 +176,9 @@ def _batching(job: JobConfig) -> dict[str, Any]:
 _RESOLVED: dict[str, Callable[[JobConfig, ResolvedJob], Any]] = {
     "drafter.target_layer_ids": lambda job, r: list(r.spec.target_layer_ids),
     "drafter.mask_token_id": lambda job, r: r.spec.mask_token_id,
-    "drafter.gamma": lambda job, r: job.drafter.resolved_gamma(),
+    # Under D-PACE no decay is applied: null, as the job must set it.
+    "drafter.gamma": lambda job, r: (job.drafter.resolved_gamma()
+                                     if job.drafter.position_weights == "decay" else None),
     "drafter.init_layer_ids": lambda job, r: (
         None if job.drafter.init == "random" else
         resolve_init_layer_ids(job.drafter, int(r.spec.hf_config["num_target_layers"]))),

@@ -29,6 +29,7 @@ from pipeline.driver.launcher import NodeGroup, node_groups, release_groups, rem
 from pipeline.driver.placement import wait_placed
 from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
+from pipeline.model.config import feature_width
 from pipeline.actor_pool import release_actors
 from pipeline.ray_start import Placement, kill_actors, start_actor
 from pipeline.resolve import ResolvedJob
@@ -277,10 +278,11 @@ class ActorGroup:
 
     @property
     def _slot_numel(self) -> int:
-        """A slot holds the largest micro-batch's features: [rows, length, taps*H], where rows x
-        length is micro_batch x max_length padded, and at most the token budget bucketed."""
+        """A slot holds the largest micro-batch's features: [rows, length, taps*H] (one H more
+        when distilling: feature_width), where rows x length is micro_batch x max_length
+        padded, and at most the token budget bucketed."""
         tokens = self._shapes.max_tokens(self.job.data.max_length)
-        return tokens * self.r.spec.feature_size
+        return tokens * feature_width(self.r.spec, self.job.drafter)
 
     @property
     def _act_numel(self) -> int:
@@ -309,7 +311,8 @@ class ActorGroup:
                         num_slots=c.num_slots, slot_numel=self._slot_numel,
                         node_id=group.node_id, compile=self.job.target.compile)
             # Target i's stages take bundles i*k .. i*k+k-1 (start_actor does not block).
-            chain = [start_actor(TargetWorker, group.placement(i), **args)] if k == 1 else \
+            chain = [start_actor(TargetWorker, group.placement(i), **args,
+                                 final_hidden=self.job.drafter.distills)] if k == 1 else \
                 start_stages(lambda s: group.placement(i * k + s), k,
                              act_numel=self._act_numel, **args)
             self.chains.append(chain)

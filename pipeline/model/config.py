@@ -23,6 +23,12 @@ PARALLEL_MODES = ("replicate", "fsdp")
 # random: every weight drawn from the seed; target_layers: the decoder layers (and final
 # norm) copied from the target's last layers, fc and hidden_norm random (model/target_init.py).
 INIT_MODES = ("random", "target_layers")
+# decay: DFlash's exp(-(k-1)/gamma); dpace: D-PACE's confidence-derived weights
+# (pipeline/objective/dpace.py), which replace the decay, as in ModelOpt and speculators.
+POSITION_WEIGHTS = ("decay", "dpace")
+# D-PACE's smoothing, as ModelOpt and speculators default it (the paper finds [0.3, 0.7] stable).
+DEFAULT_DPACE_ALPHA = 0.5
+DEFAULT_DISTILL_TEMPERATURE = 1.0
 # Targets whose decoder layers are the drafter's own kind, for target_layers: Qwen3's, and
 # Llama's, which are Qwen3's without the q/k norms (those start at ones: model/target_init.py).
 INIT_FAMILIES = ("qwen3", "llama")
@@ -55,6 +61,12 @@ class DrafterConfig:
     # With init=target_layers: the target layer each drafter layer is copied from, one id per
     # drafter layer; None: the target's last num_layers layers, in order.
     init_layer_ids: Optional[list[int]] = None
+    position_weights: str = "decay"  # one of POSITION_WEIGHTS
+    dpace_alpha: float = DEFAULT_DPACE_ALPHA  # with position_weights=dpace
+    # lambda: a scored position's loss is (1 - lambda) * CE + lambda * T^2 * KL(p_T || q_T)
+    # against the target's own next-token distribution there; 0: CE alone.
+    distill_weight: float = 0.0
+    distill_temperature: float = DEFAULT_DISTILL_TEMPERATURE  # T, with distill_weight > 0
 
     def __post_init__(self) -> None:
         require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
@@ -81,9 +93,43 @@ class DrafterConfig:
         if self.target_layer_ids is not None:
             require(len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0,
                      "drafter.target_layer_ids", self.target_layer_ids, "non-empty, ids >= 0")
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        """The loss keys. A key the chosen objective does not read must keep its default:
+        a value set there would be accepted and then ignored."""
+        require_choice("drafter.position_weights", self.position_weights, POSITION_WEIGHTS)
+        dpace = self.position_weights == "dpace"
+        # alpha 0 lets the chain vanish with one confident miss; both peers refuse it too.
+        require(0.0 < self.dpace_alpha <= 1.0, "drafter.dpace_alpha", self.dpace_alpha,
+                "in (0, 1]")
+        require(dpace or self.dpace_alpha == DEFAULT_DPACE_ALPHA, "drafter.dpace_alpha",
+                self.dpace_alpha, f"{DEFAULT_DPACE_ALPHA} (unused) unless "
+                "drafter.position_weights=dpace")
+        require(not dpace or self.gamma is None, "drafter.gamma", self.gamma,
+                "null with drafter.position_weights=dpace (D-PACE weights replace the "
+                "exp(-(k-1)/gamma) decay)")
+        require(0.0 <= self.distill_weight <= 1.0, "drafter.distill_weight",
+                self.distill_weight, "in [0, 1] (0: cross-entropy alone)")
+        require(self.distill_temperature > 0, "drafter.distill_temperature",
+                self.distill_temperature, "> 0")
+        require(self.distills or self.distill_temperature == DEFAULT_DISTILL_TEMPERATURE,
+                "drafter.distill_temperature", self.distill_temperature,
+                f"{DEFAULT_DISTILL_TEMPERATURE} (unused) unless drafter.distill_weight > 0")
+
+    @property
+    def distills(self) -> bool:
+        """Whether the target hands over its final normed hidden state beside the taps."""
+        return self.distill_weight > 0
 
     def resolved_gamma(self) -> float:
         return self.gamma if self.gamma is not None else default_gamma(self.block_size)
+
+
+def feature_width(spec: "DrafterSpec", options: DrafterConfig) -> int:
+    """Per token, what a target hands a drafter: the taps, then (distilling) the target's final
+    normed hidden state, H wide; the drafter reads the taps, its loss the last column block."""
+    return spec.feature_size + (spec.hidden_size if options.distills else 0)
 
 
 def default_gamma(block_size: int) -> float:
@@ -224,5 +270,6 @@ def hf_qwen3_config(hf_config: dict) -> Any:
 
 
 __all__ = ["DrafterConfig", "DrafterSpec", "build_drafter_spec", "default_tap_ids",
+           "feature_width",
            "resolve_init_layer_ids",
            "default_gamma", "resolve_tap_ids", "qwen3_8b_config", "hf_qwen3_config"]

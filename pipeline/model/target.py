@@ -2,7 +2,11 @@
 
 Tap features are the outputs of decoder layers ``target_layer_ids`` (HF ``hidden_states``
 index ``id + 1``), concatenated on the feature axis. The forward stops after the deepest tap:
-deeper layers, the final norm and the LM head never run.
+deeper layers, the final norm and the LM head never run. A drafter that distils from the
+target's next-token distribution (drafter.distill_weight > 0) needs the target's final normed
+hidden state as well: then every layer and the final norm run, and that state follows the taps
+(H columns more); the drafter applies the LM head it already holds, only at the rows it scores,
+so no vocabulary-wide logits are ever computed here or sent.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ def capture_outputs(layers: dict[int, nn.Module]) -> dict[int, torch.Tensor]:
 
 
 class TargetFeatures(nn.Module):
-    """Wraps an HF causal LM cut after its deepest tap and returns concatenated tap features.
+    """Wraps an HF causal LM cut after its deepest tap and returns concatenated tap features;
+    with ``final_hidden``, an uncut one, and its final normed hidden state after the taps.
 
     Batches are right-padded, and under a causal mask padding after a token never changes that
     token's outputs, so no attention mask is passed: attention takes the fused causal kernel
@@ -53,51 +58,59 @@ class TargetFeatures(nn.Module):
     are garbage and never read: the loss mask is 0 there.
     """
 
-    def __init__(self, model: nn.Module, tap_ids: Sequence[int], compile: bool = False) -> None:
+    def __init__(self, model: nn.Module, tap_ids: Sequence[int], compile: bool = False,
+                 final_hidden: bool = False) -> None:
         super().__init__()
         layers = decoder_layers(model)
         bad = [i for i in tap_ids if not 0 <= i < len(layers)]
         if bad:
             raise ValueError(f"target_layer_ids {list(tap_ids)}: ids {bad} are outside the "
                              f"target's {len(layers)} layers (allowed 0..{len(layers) - 1})")
-        if max(tap_ids) != len(layers) - 1:
+        if not final_hidden and max(tap_ids) != len(layers) - 1:
             raise ValueError(f"the target must be cut after its deepest tap {max(tap_ids)}, "
                              f"but it has {len(layers)} layers: load it with load_target")
         self.model = model
         self.tap_ids = tuple(tap_ids)
+        self.final_hidden = final_hidden
         self._captured = capture_outputs({i: layers[i] for i in set(self.tap_ids)})
         decoder = model.get_decoder()
         self._decoder = torch.compile(decoder, dynamic=None) if compile else decoder
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[N, S] right-padded token ids -> [N, S, n_taps * H] tap features."""
+        """[N, S] right-padded token ids -> [N, S, n_taps * H] tap features, or
+        [N, S, (n_taps + 1) * H] with the final normed hidden state last."""
         self._captured.clear()
-        self._decoder(input_ids=input_ids, use_cache=False)
-        feats = torch.cat([self._captured[i] for i in self.tap_ids], dim=-1)
+        out = self._decoder(input_ids=input_ids, use_cache=False)
+        parts = [self._captured[i] for i in self.tap_ids]
+        if self.final_hidden:
+            parts.append(out.last_hidden_state)  # after the decoder's final norm
+        feats = torch.cat(parts, dim=-1)
         self._captured.clear()
         return feats
 
 
 def load_target(path: Union[str, Path], tap_ids: Sequence[int], device: torch.device,
-                dtype: torch.dtype, compile: bool = False) -> TargetFeatures:
+                dtype: torch.dtype, compile: bool = False,
+                final_hidden: bool = False) -> TargetFeatures:
     """Load an HF causal LM from a local folder, keep only the layers up to the deepest tap.
 
     Nothing after the deepest tap runs: deeper layers are dropped, and the final norm and the
-    LM head become identities.
+    LM head become identities. With ``final_hidden`` every layer and the final norm are kept
+    (the LM head is still never run: the drafter holds its own copy of it).
     """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    layers = decoder_layers(model)
-    del layers[max(tap_ids) + 1:]
     decoder = model.get_decoder()
-    if hasattr(decoder, "norm"):
-        decoder.norm = nn.Identity()
+    if not final_hidden:
+        del decoder_layers(model)[max(tap_ids) + 1:]
+        if hasattr(decoder, "norm"):
+            decoder.norm = nn.Identity()
     if hasattr(model, "lm_head"):
         model.lm_head = nn.Identity()
     model.requires_grad_(False).eval()
-    return TargetFeatures(model.to(device), tap_ids, compile=compile)
+    return TargetFeatures(model.to(device), tap_ids, compile=compile, final_hidden=final_hidden)
 
 
 @dataclass

@@ -1,13 +1,16 @@
 """Blocks, their positions, labels and loss weights.
 
 A block is ``[anchor token, MASK x (B-1)]`` at absolute positions ``a .. a+B-1``. Block position
-k >= 1 predicts token ``a + k`` with weight ``loss_mask(a+k) * keep * exp(-(k-1)/gamma)``;
-position 0 (the anchor itself) is never scored.
+k >= 1 predicts token ``a + k`` with weight ``loss_mask(a+k) * keep * exp(-(k-1)/gamma)``, or
+``loss_mask(a+k) * keep`` where no decay is asked for (D-PACE weights replace it: loss.py);
+position 0 (the anchor itself) is never scored. The target's distribution for token ``a + k``
+is the one it computes at position ``a + k - 1`` (distillation's teacher).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -21,6 +24,8 @@ class Blocks:
     labels: torch.Tensor      # [N, A*B] token a + k (0 where out of range)
     supervised: torch.Tensor  # [N, A*B] bool: scored (k >= 1, in range, loss_mask, keep)
     weights: torch.Tensor     # [N, A*B] float: decayed weight where supervised, else 0
+    # [N, A*B] position a + k - 1 in the row: the target's prediction of the label is there
+    teacher_positions: torch.Tensor
 
 
 def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
@@ -32,7 +37,8 @@ def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor
 
 
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anchors,
-                 block_size: int, mask_token_id: int, gamma: float) -> Blocks:
+                 block_size: int, mask_token_id: int, gamma: Optional[float]) -> Blocks:
+    """``gamma`` None: every supervised position weighs 1 (no decay)."""
     n, seq_len = input_ids.shape
     offsets = torch.arange(block_size, device=input_ids.device)
     pos = anchors.positions[:, :, None] + offsets  # [N, A, B]
@@ -47,7 +53,14 @@ def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: Anch
     tokens[:, :, 0] = anchor_tok
     label_mask = torch.gather(loss_mask, 1, safe.flatten(1)).view_as(pos).bool()
     supervised = in_range & label_mask & anchors.keep[:, :, None] & (offsets > 0)
-    weights = position_weights(block_size, gamma, input_ids.device) * supervised
+    if gamma is None:
+        weights = supervised.float()
+    else:
+        weights = position_weights(block_size, gamma, input_ids.device) * supervised
+    # Clamped only to be a valid index everywhere: only supervised positions are read, and
+    # theirs (a + k - 1, before the document's end) are in the row.
+    teacher = (pos - 1).clamp(min=0, max=seq_len - 1)
     return Blocks(token_ids=tokens.flatten(1), positions=(pos - start).flatten(1),
                   labels=torch.where(in_range, labels, 0).flatten(1),
-                  supervised=supervised.flatten(1), weights=weights.flatten(1))
+                  supervised=supervised.flatten(1), weights=weights.flatten(1),
+                  teacher_positions=teacher.flatten(1))

@@ -16,7 +16,8 @@ from pipeline.model.drafter import embed_tokens
 from pipeline.model.target import TargetHead
 from pipeline.objective.anchors import Anchors, sample_anchors
 from pipeline.objective.blocks import build_blocks
-from pipeline.objective.loss import LossParts, chunked_loss
+from pipeline.objective.linear_ce import Distill
+from pipeline.objective.loss import LossParts, Teacher, chunked_loss
 from pipeline.objective.masks import build_mask
 
 
@@ -31,17 +32,24 @@ class Objective:
     block_size: int
     mask_token_id: int
     num_anchors: int
-    gamma: float
+    gamma: Optional[float]  # None: no decay (D-PACE weights instead)
     attention: str
     loss_chunk_size: int
     static_shapes: bool
+    dpace_alpha: Optional[float] = None  # None: no D-PACE weights
+    distill: Optional[Distill] = None  # None: cross-entropy alone
 
     @classmethod
     def from_config(cls, spec: DrafterSpec, cfg: DrafterConfig) -> "Objective":
+        dpace = cfg.position_weights == "dpace"
         return cls(block_size=spec.block_size, mask_token_id=spec.mask_token_id,
-                   num_anchors=cfg.num_anchors, gamma=cfg.resolved_gamma(),
+                   num_anchors=cfg.num_anchors,
+                   gamma=None if dpace else cfg.resolved_gamma(),
                    attention=cfg.attention, loss_chunk_size=cfg.loss_chunk_size,
-                   static_shapes=cfg.static_shapes)
+                   static_shapes=cfg.static_shapes,
+                   dpace_alpha=cfg.dpace_alpha if dpace else None,
+                   distill=Distill(cfg.distill_weight, cfg.distill_temperature)
+                   if cfg.distills else None)
 
     def anchors(self, loss_mask: torch.Tensor, sample_ids, seed: int, epoch: int) -> Anchors:
         """Per row up to ``num_anchors``; static shapes pad them to min(num_anchors, S), which
@@ -60,11 +68,16 @@ def drafter_loss(drafter: Callable[..., torch.Tensor], head: TargetHead, objecti
                  features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                  anchors: Anchors, compute_dtype: Optional[torch.dtype] = None,
                  context_positions: Optional[torch.Tensor] = None) -> LossParts:
-    """Loss parts of one micro-batch; ``features`` are the target's taps [N, S, n_taps*H].
+    """Loss parts of one micro-batch; ``features`` are the target's taps [N, S, n_taps*H],
+    and when distilling its final normed hidden state after them ([N, S, (n_taps+1)*H]).
 
     A packed micro-batch (packing.py) passes its per-document ``context_positions``.
     """
     n, seq_len = input_ids.shape
+    teacher_hidden = None
+    if objective.distill is not None:
+        width = head.lm_head.shape[1]
+        features, teacher_hidden = features[..., :-width], features[..., -width:]
     blocks = build_blocks(input_ids, loss_mask, anchors, objective.block_size,
                           objective.mask_token_id, objective.gamma)
     mask = build_mask(anchors.positions, seq_len, objective.block_size, objective.attention,
@@ -73,5 +86,8 @@ def drafter_loss(drafter: Callable[..., torch.Tensor], head: TargetHead, objecti
         context_positions = torch.arange(seq_len, device=input_ids.device).expand(n, seq_len)
     embeds = embed_tokens(head.embed, blocks.token_ids, compute_dtype, head.embed_scale)
     hidden = drafter(features, embeds, context_positions, blocks.positions, mask)
+    teacher = None if teacher_hidden is None else Teacher(
+        teacher_hidden, blocks.teacher_positions, objective.distill)
     return chunked_loss(hidden, head.lm_head, blocks.labels, blocks.weights, blocks.supervised,
-                        objective.block_size, objective.loss_chunk_size)
+                        objective.block_size, objective.loss_chunk_size,
+                        objective.dpace_alpha, teacher)

@@ -43,7 +43,8 @@ class SingleProcessTrainer:
         self.plans = plan_for(job, self.dataset)
         k = job.target.stages
         self.target = load_target(r.target_path, r.spec.target_layer_ids, r.device,
-                                  r.target_dtype, compile=job.target.compile) if k == 1 else \
+                                  r.target_dtype, compile=job.target.compile,
+                                  final_hidden=job.drafter.distills) if k == 1 else \
             load_staged_target(r.target_path, r.spec.target_layer_ids, k, r.device,
                                r.target_dtype, compile=job.target.compile)
         self.drafter = DrafterTrainer(r.spec, job.drafter, job.train.optim, job.train.seed,

@@ -1,4 +1,5 @@
-"""A target worker: the frozen target on one device, writing tap features into its slot ring."""
+"""A target worker: the frozen target on one device, writing tap features into its slot ring
+(and, for a distilling drafter, the target's final normed hidden state after them)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ from pipeline.workers.messages import MicroBatch
 class TargetWorker:
     def __init__(self, *, rank: int, target_path: str, tap_ids: Sequence[int], device: str,
                  dtype: torch.dtype, num_slots: int, slot_numel: int,
-                 node_id: Optional[str] = None, compile: bool = False) -> None:
+                 node_id: Optional[str] = None, compile: bool = False,
+                 final_hidden: bool = False) -> None:
         self.rank = rank
         self.device = actor_device(device)
-        self.target = load_target(target_path, tap_ids, self.device, dtype, compile=compile)
-        # Sized once for the largest micro-batch: [micro_batch, max_length, n_taps * H].
+        self.target = load_target(target_path, tap_ids, self.device, dtype, compile=compile,
+                                  final_hidden=final_hidden)
+        # Sized once for the largest micro-batch: [micro_batch, max_length, n_taps * H], or
+        # (n_taps + 1) * H wide with the final hidden state (model/config.py, feature_width).
         self.ring = SlotRing(rank, num_slots, slot_numel, dtype, self.device, node_id)
 
     def ring_handle(self) -> RingHandle:

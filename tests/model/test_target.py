@@ -71,3 +71,23 @@ def test_head_argmax_casts_the_head_slice_by_slice_and_ties_keep_the_lowest_id(m
     # In the head's own dtype nothing is cast: the plain product.
     same = TargetHead(embed=lm_head, lm_head=lm_head.float())
     assert torch.equal(same.argmax(hidden), expected)
+
+
+def test_final_hidden_follows_the_taps_and_gives_the_models_logits(random_target_dir):
+    """drafter.distill_weight > 0: the whole target runs and its final normed hidden state
+    comes after the taps; through the LM head it gives HF's own logits."""
+    taps = [0, 2, 3]
+    feats = load_target(random_target_dir, taps, "cpu", torch.float32, final_hidden=True)
+    cut = load_target(random_target_dir, taps, "cpu", torch.float32)
+    full = AutoModelForCausalLM.from_pretrained(random_target_dir)
+    assert isinstance(feats.model.lm_head, torch.nn.Identity)  # logits are the drafter's job
+    ids = torch.randint(0, 90, (2, 17))
+    with torch.no_grad():
+        out = full(ids, output_hidden_states=True)
+    got = feats(ids)
+    assert got.shape == (2, 17, 4 * 32)
+    torch.testing.assert_close(got[..., :96], cut(ids))
+    torch.testing.assert_close(got[..., 96:], out.hidden_states[-1])
+    head = load_target_head(random_target_dir)
+    torch.testing.assert_close(got[..., 96:] @ head.lm_head.t(), out.logits,
+                               rtol=1e-5, atol=1e-5)

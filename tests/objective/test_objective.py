@@ -173,3 +173,49 @@ def test_flex_pads_to_128_queries_with_blocks_that_weigh_nothing(drafter_setup):
     assert float(parts[0].denominator) == float(parts[1].denominator) > 0
     assert float(parts[1].numerator) == pytest.approx(float(parts[0].numerator), rel=1e-5)
     torch.testing.assert_close(parts[1].correct, parts[0].correct)
+
+
+def test_distilled_loss_equals_per_position_loop(drafter_setup, batch):
+    """With distillation the features carry the target's final hidden state after the taps;
+    block position k of anchor a is scored against the target's distribution at a + k - 1."""
+    import dataclasses
+
+    from pipeline.model.config import DrafterConfig
+    from pipeline.objective.linear_ce import Distill
+
+    drafter, head, taps, ids = batch
+    _, _, _, spec, options = drafter_setup
+    options = dataclasses.replace(options, distill_weight=0.6, distill_temperature=2.0)
+    objective = Objective.from_config(spec, options)
+    assert objective.distill == Distill(0.6, 2.0) and objective.dpace_alpha is None
+    assert Objective.from_config(spec, DrafterConfig(
+        position_weights="dpace", dpace_alpha=0.3)).dpace_alpha == 0.3
+    final = torch.randn(2, 24, 32, generator=torch.Generator().manual_seed(9))
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[0, 4:20] = 1
+    loss_mask[1, 8:] = 1
+    anchors = objective.anchors(loss_mask, [10, 11], seed=0, epoch=0)
+    parts = drafter_loss(drafter, head, objective, torch.cat([taps, final], -1), ids,
+                         loss_mask, anchors)
+    logits = block_logits(drafter, head, taps, ids, anchors)
+    lam, temp = 0.6, 2.0
+    num = den = 0.0
+    for r in range(2):
+        for j in range(anchors.num_blocks):
+            a = int(anchors.positions[r, j])
+            for k in range(1, B):
+                if not anchors.keep[r, j] or a + k >= ids.shape[1] or not loss_mask[r, a + k]:
+                    continue
+                w = math.exp(-(k - 1) / objective.gamma)
+                lg = logits[r, j * B + k][None]
+                teacher = final[r, a + k - 1][None] @ head.lm_head.t()
+                ce = F.cross_entropy(lg, ids[r, a + k][None]).item()
+                kl = F.kl_div(F.log_softmax(lg / temp, -1), F.log_softmax(teacher / temp, -1),
+                              reduction="sum", log_target=True).item()
+                num += w * ((1 - lam) * ce + lam * temp ** 2 * kl)
+                den += w
+    assert den > 0
+    assert parts.numerator.item() == pytest.approx(num, rel=1e-5)
+    assert parts.denominator.item() == pytest.approx(den, rel=1e-6)
+    parts.numerator.backward()
+    assert drafter.fc.weight.grad.abs().sum() > 0

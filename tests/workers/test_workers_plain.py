@@ -1,5 +1,6 @@
 """The workers as plain classes, without Ray: one target, one drafter, one step."""
 
+import pytest
 import torch
 
 from pipeline.dist.rendezvous import destroy_group, pick_master
@@ -101,3 +102,59 @@ def test_the_target_head_is_read_beside_the_drafters_build(random_target_dir, ta
                                    load_target_head(random_target_dir).lm_head)
     finally:
         drafter.close()
+
+
+def test_a_distilling_drafter_gets_the_targets_final_normed_hidden(random_target_dir,
+                                                                   target_config):
+    """drafter.distill_weight > 0: the target worker writes its final normed hidden state after
+    the taps ((n_taps + 1) * H wide); through the head it gives HF's logits, and the drafter
+    worker trains on it as a drafter fed HF's own hidden states does."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.model.config import feature_width
+
+    options = DrafterConfig(num_layers=1, block_size=4, num_taps=2, mask_token_id=MASK_ID,
+                            num_anchors=4, distill_weight=0.5, distill_temperature=2.0)
+    spec = build_drafter_spec(target_config, options)
+    width = feature_width(spec, options)
+    assert width == 3 * spec.hidden_size
+    numel = 2 * 24 * width
+    target = TargetWorker(rank=0, target_path=str(random_target_dir),
+                          tap_ids=spec.target_layer_ids, device="cpu", dtype=torch.float32,
+                          num_slots=2, slot_numel=numel, final_hidden=True)
+    optim = OptimConfig(lr=1e-3, warmup_ratio=0.0)
+    drafter = DrafterWorker(rank=0, world_size=1, spec=spec, options=options, optim=optim,
+                            seed=0, target_path=str(random_target_dir), device="cpu",
+                            autocast_dtype=None, feature_dtype=torch.float32,
+                            feature_numel=numel, total_steps=1)
+    master = pick_master()
+    drafter.init_group(master.addr, master.port)
+    try:
+        drafter.attach([target.ring_handle()])
+        ids = torch.randint(0, 90, (2, 20))
+        mask = torch.zeros_like(ids)
+        mask[:, 6:] = 1
+        meta = MicroBatchMeta(step=0, epoch=0, index=0, num_in_step=1, sample_ids=(5, 9),
+                              shape=(2, 20))
+        batch = MicroBatch(meta, ids, mask)
+        ready = target.produce(0, batch)
+        assert ready.shape == (2, 20, width)
+        with torch.no_grad():
+            out = AutoModelForCausalLM.from_pretrained(random_target_dir)(
+                ids, output_hidden_states=True)
+        slot = target.ring.slot(0, ready.shape)
+        head = load_target_head(random_target_dir)
+        torch.testing.assert_close(slot[..., -spec.hidden_size:] @ head.lm_head.t(), out.logits,
+                                   rtol=1e-5, atol=1e-5)
+        drafter.load(ready)
+        result = drafter.forward_backward(batch)
+        hf = torch.cat([out.hidden_states[i + 1] for i in spec.target_layer_ids]
+                       + [out.hidden_states[-1]], -1)
+        ref = DrafterTrainer(spec, options, optim, 0, head, "cpu", None, total_steps=1)
+        parts = ref.forward_backward(hf, ids, mask, [5, 9], 0)
+        assert result.numerator == pytest.approx(float(parts.numerator.detach()), rel=1e-5)
+        assert result.denominator == float(parts.denominator)
+    finally:
+        drafter.close()
+        target.close()
+        destroy_group()
