@@ -61,12 +61,18 @@ class DrafterConfig:
     # With init=target_layers: the target layer each drafter layer is copied from, one id per
     # drafter layer; None: the target's last num_layers layers, in order.
     init_layer_ids: Optional[list[int]] = None
+    # How block positions weigh in the loss: decay, exp(-(k-1)/gamma); dpace, D-PACE's weights
+    # from the drafter's own confidence, in place of the decay (gamma null); docs/OBJECTIVES.md.
     position_weights: str = "decay"  # one of POSITION_WEIGHTS
-    dpace_alpha: float = DEFAULT_DPACE_ALPHA  # with position_weights=dpace
+    # D-PACE's smoothing of the confidence q: alpha + (1 - alpha) q, alpha in (0, 1]; only
+    # with position_weights=dpace (otherwise it must stay at its default).
+    dpace_alpha: float = DEFAULT_DPACE_ALPHA
     # lambda: a scored position's loss is (1 - lambda) * CE + lambda * T^2 * KL(p_T || q_T)
     # against the target's own next-token distribution there; 0: CE alone.
     distill_weight: float = 0.0
-    distill_temperature: float = DEFAULT_DISTILL_TEMPERATURE  # T, with distill_weight > 0
+    # T of the distillation term, > 0; only with distill_weight > 0 (otherwise it must stay
+    # at its default).
+    distill_temperature: float = DEFAULT_DISTILL_TEMPERATURE
 
     def __post_init__(self) -> None:
         require(self.num_layers >= 1, "drafter.num_layers", self.num_layers, ">= 1")
