@@ -20,6 +20,7 @@ from typing import Optional
 from pipeline import checkpoint as ckpt
 from pipeline.checkpoint.files import load_state
 from pipeline.checkpoint.sharded import LEGACY_FILE, load_weights
+from pipeline.cli_help import EXPORT_EXAMPLES
 from pipeline.diskfull import DiskFullError
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
@@ -96,12 +97,24 @@ def _export(checkpoint: Path, out: Path, dtype: str) -> Path:
     return save_drafter(model, out, dtype)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.export", description=__doc__.split("\n\n")[0],
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in EXPORT_EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, required=True,
+                        help="a step folder (<out_dir>/checkpoints/step_N), or a run's out_dir: "
+                             "its newest usable checkpoint")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the folder to write: config.json, model.safetensors, "
+                             "modeling_dflash.py")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="the weights' dtype in model.safetensors (default: bfloat16)")
+    return parser
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    args = parser.parse_args()
+    args = build_parser().parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         folder = pick_checkpoint(args.checkpoint)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import hydra
 
 from pipeline import startup_gc
+from pipeline.cli_help import TRAIN_EXAMPLES, help_asked, hydra_page
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.diskfull import disk_full_headline
 from pipeline.driver.runlock import RunLock
@@ -102,6 +103,9 @@ def _driver(job) -> Driver:
 
 
 if __name__ == "__main__":
+    if help_asked(sys.argv[1:]):  # ours, not Hydra's: that one prints the whole config
+        print(hydra_page("pipeline.train", __doc__, TRAIN_EXAMPLES))
+        sys.exit(0)
     startup_gc.defer_full_collections()  # until the job trains (Driver._run)
     try:  # a config mistake in one line before Hydra, whose own report is several
         check_command_line(sys.argv[1:])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import hydra
 
 from pipeline import startup_gc
+from pipeline.cli_help import TRAIN_SINGLE_EXAMPLES, help_asked, hydra_page
 from pipeline.config import check_command_line, register_configs, to_job_config
 from pipeline.driver.runlock import RunLock
 from pipeline.preflight import PreflightError
@@ -71,6 +72,9 @@ def _train(trainer: SingleProcessTrainer) -> None:
 
 
 if __name__ == "__main__":
+    if help_asked(sys.argv[1:]):  # ours, not Hydra's: that one prints the whole config
+        print(hydra_page("pipeline.train_single", __doc__, TRAIN_SINGLE_EXAMPLES, cluster=False))
+        sys.exit(0)
     startup_gc.defer_full_collections()  # until the trainer is built (main)
     try:  # a config mistake in one line before Hydra, whose own report is several
         check_command_line(sys.argv[1:])

@@ -9,7 +9,8 @@
     job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together;
                  resume_contract.py (a resume's settings, read from the JobConfig); gpu_oom.py
                  (an out-of-memory error's line, naming the JobConfig's settings);
-                 config_reference.py (docs/CONFIG.md's key reference, from the JobConfig)
+                 config_reference.py (docs/CONFIG.md's key reference, from the JobConfig);
+                 cli_help.py (the entry points' --help pages, naming conf/'s groups)
     workers      workers/: the Ray actors' plain classes; they run without the driver
     regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
     driver       driver/: the training job over Ray
@@ -43,7 +44,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),
     ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py",
-             "gpu_oom.py", "config_reference.py"}),
+             "gpu_oom.py", "config_reference.py", "cli_help.py"}),
     ("workers", {"workers"}),
     ("regen", {"regen"}),
     ("driver", {"driver"}),
