@@ -98,6 +98,10 @@ def pytest_collection_modifyitems(config, items):
     several tests check), so it is built once; every other test is handed out on its own.
     Without xdist the mark does nothing."""
     for item in items:
+        # The quick tier (-m "not slow") leaves out every test that starts Ray: a local
+        # cluster and its actors cost seconds of CPU each, most of the suite's time.
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs if info is not None else {}
         if any(name not in _CHEAP_MODULE_FIXTURES and fixturedefs[-1].scope == "module"

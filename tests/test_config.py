@@ -147,6 +147,7 @@ def test_more_nodes_than_the_cluster_has(ray_cluster, tiny_assets, tmp_path):
         Driver(compose_job(["cluster.num_nodes=3", f"train.out_dir={tmp_path}"])).run()
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_the_resolved_config():
     out = subprocess.run([sys.executable, "-m", "pipeline.train", "--cfg", "job",
                           "drafter.num_layers=3"], cwd=ROOT, capture_output=True, text=True,

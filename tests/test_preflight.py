@@ -85,6 +85,7 @@ def test_driver_refuses_a_last_layer_tap(tiny_assets, tmp_path):
     (["data.train_path=/no/such.jsonl"], "data.train_path='/no/such.jsonl': no such file"),
     (["logger=wandb"], "run `wandb login`"),
 ])
+@pytest.mark.slow
 def test_train_cli_says_it_in_one_line(tiny_assets, tmp_path, overrides, line):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="", HOME=str(tmp_path),

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.driver.runlock import RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,7 @@ def _run(tiny_assets, out: Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_folder_with_checkpoints_is_refused_in_one_line(tiny_assets, tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints" / "step_00000004").mkdir(parents=True)
@@ -32,6 +35,7 @@ def test_a_folder_with_checkpoints_is_refused_in_one_line(tiny_assets, tmp_path)
     assert "Traceback" not in text and not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_live_folder_is_refused_naming_its_holder(tiny_assets, tmp_path):
     out = tmp_path / "run"
     with RunLock(out):  # this process holds it, as a live pipeline.train would

@@ -20,6 +20,7 @@ def micro_build(tmp_path_factory):
     return folder, build_tiny_assets(str(folder), MICRO)
 
 
+@pytest.mark.slow
 def test_build_is_deterministic(micro_build, tmp_path):
     a, manifest_a = micro_build
     b = tmp_path / "b"

@@ -83,6 +83,7 @@ def test_prompts_of_the_two_splits_differ(tiny_assets):
     assert not prompts(tiny_assets.train_path) & prompts(tiny_assets.heldout_path)
 
 
+@pytest.mark.slow
 def test_answers_are_the_targets_greedy_continuations(tiny_assets, target):
     # Regenerated one prompt at a time with plain HF generate: independent of the batched,
     # left-padded generation the build used.

@@ -1,3 +1,4 @@
+import pytest
 """bench.eval_beside_training at the tiny shape on CPU: a trainer and an evaluator, two
 processes, go through every phase (alone, then beside the evaluator at each duty), and the
 result says what each did."""
@@ -8,6 +9,7 @@ import re
 from bench import eval_beside_training
 
 
+@pytest.mark.slow
 def test_trainer_times_steps_alone_and_beside_a_running_evaluator(tmp_path):
     out = tmp_path / "beside.json"
     result = eval_beside_training.main([
@@ -38,6 +40,7 @@ def test_slowdown_is_reported_by_median_and_by_mean(tmp_path):
     assert result["slowdown_mean_vs_alone"] == {"beside_duty_0.15": 0.1}
 
 
+@pytest.mark.slow
 def test_a_failed_role_names_its_cause_in_the_error(tmp_path):
     """A role that fails puts its log's last line (the exception) into the result's error:
     on the H100 (2026-12-05) the roles' logs did not come back and "rc 1" was all there was."""

@@ -12,6 +12,7 @@ import pytest
 from bench import h200_decode
 
 
+@pytest.mark.slow
 def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
     out, logs = tmp_path / "decode.json", tmp_path / "logs"
@@ -50,6 +51,7 @@ def test_tiny_scale_gathers_each_runs_figures(tmp_path, monkeypatch):
     assert smol["regen_sustained_varlen_tokens_per_s"] is None  # its run was not asked for
 
 
+@pytest.mark.slow
 def test_varlen_sustained_run_is_gathered_apart(tmp_path, monkeypatch):
     """The varlen engine's sustained figures land under their own keys, sdpa's stay empty."""
     monkeypatch.setenv("DFLASH_GGUF_CACHE", str(tmp_path / "gguf"))
@@ -62,6 +64,7 @@ def test_varlen_sustained_run_is_gathered_apart(tmp_path, monkeypatch):
     assert smol["regen_sustained_tokens_per_s"] is None and smol["regen_tokens_per_s"] is None
 
 
+@pytest.mark.slow
 def test_cpu_equality_run_in_the_background(tmp_path):
     """The CPU-only run starts beside the others (no GGUF needed, none converted)."""
     out = tmp_path / "decode.json"

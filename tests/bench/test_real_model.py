@@ -40,6 +40,7 @@ def test_curve_spans_16x_in_4_sizes():
     assert curve_sizes(1600, curve=False) == [1600]
 
 
+@pytest.mark.slow
 def test_tiny_chain_writes_the_result_file_and_resumes(tmp_path):
     first = _bench(["--until", "data"], tmp_path)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]

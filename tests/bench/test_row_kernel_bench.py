@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_every_setting_answers_as_varlen(tmp_path):
     out = tmp_path / "rk.json"
     proc = subprocess.run([sys.executable, "-m", "bench.row_kernel", "--scale", "tiny",
@@ -28,6 +29,7 @@ def test_every_setting_answers_as_varlen(tmp_path):
         assert shape["default_us"] is not None and shape["best"]["us"] > 0
 
 
+@pytest.mark.slow
 def test_a_default_setting_without_a_figure_ends_nonzero(tmp_path):
     """A grid whose default setting cannot run (here: the kernel's own default left out of
     it) ends rc != 0 naming the shapes, the figures it did make still written."""

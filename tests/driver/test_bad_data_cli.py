@@ -39,6 +39,7 @@ def demo_lines(tiny_assets) -> list[str]:
     return Path(tiny_assets.train_path).read_text().splitlines()[:24]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["pipeline.train", "pipeline.train_single"])
 def test_a_bad_line_stops_the_job_in_one_line_before_ray(tiny_assets, tmp_path, demo_lines,
                                                          module):
@@ -52,6 +53,7 @@ def test_a_bad_line_stops_the_job_in_one_line_before_ray(tiny_assets, tmp_path, 
     assert "Traceback" not in output and RAY_STARTED not in output, output[-3000:]
 
 
+@pytest.mark.slow
 def test_a_file_of_bad_lines_is_refused_with_its_counts(tiny_assets, tmp_path):
     bad = _write(tmp_path / "bad.jsonl", ["{cut", "", "[1, 2]", "not json"])
     rc, output = _run("pipeline.train", tiny_assets, tmp_path, f"data.train_path={bad}",
@@ -63,6 +65,7 @@ def test_a_file_of_bad_lines_is_refused_with_its_counts(tiny_assets, tmp_path):
     assert "Traceback" not in output and RAY_STARTED not in output, output[-3000:]
 
 
+@pytest.mark.slow
 def test_skipped_lines_are_reported_once_and_counted(tiny_assets, tmp_path, demo_lines):
     bad_at = [3, 9, 10]  # 1-based line numbers
     lines = demo_lines[:2] + ["{cut", "", *demo_lines[2:7], "[1]", "", "  ", *demo_lines[7:]]

@@ -177,6 +177,7 @@ for step in range(1, 10_000):
 """
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_any_moment_leaves_usable_checkpoints(tmp_path):
     """SIGKILL a process that writes checkpoints back to back (2 MB each, keep_last=2)."""
     import signal

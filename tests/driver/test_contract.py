@@ -66,6 +66,7 @@ def test_every_config_key_is_fixed_or_changeable():
     assert set(CHECKED_AS) <= FIXED
 
 
+@pytest.mark.slow
 def test_the_checkpoint_records_every_fixed_setting(run):
     state = ckpt.read_state(ckpt.latest(run[0]))
     recorded = state["contract"]["fixed"]
@@ -211,6 +212,7 @@ def test_all_checkpoints_unusable_is_one_warning_then_a_fresh_start(run, tmp_pat
     assert warnings[0].endswith("starting from step 0")
 
 
+@pytest.mark.slow
 def test_rerun_resumes_by_default_and_logs_what_changed(run, tiny_assets, tmp_path):
     """The command run again (one more step asked for) goes on from the last checkpoint."""
     out = _copy(run, tmp_path)
@@ -222,6 +224,7 @@ def test_rerun_resumes_by_default_and_logs_what_changed(run, tiny_assets, tmp_pa
     assert ckpt.read_point(ckpt.latest(out)).step == 3
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_job_trains_nothing_and_exits_0(run, tiny_assets, tmp_path):
     """The same command again: it resumes the newest checkpoint, which holds every step asked
     for, and says so before Ray starts (the bounds by epochs and by stop_at_step are decided
@@ -244,6 +247,7 @@ def test_rerunning_a_finished_job_trains_nothing_and_exits_0(run, tiny_assets, t
                                       "would overwrite", "another train.out_dir"]),
     ("drafter.num_layers=3", ["cannot resume from", "drafter.num_layers 2 -> 3"]),
 ])
+@pytest.mark.slow
 def test_a_refused_rerun_is_one_line_and_exit_2(run, tiny_assets, override, words):
     proc = _cli(tiny_assets, _base(run[1], run[0]) + [override])
     text = proc.stdout + proc.stderr

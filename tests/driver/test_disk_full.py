@@ -139,6 +139,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_writes_that_run_out_of_room_midway_leave_whole_files(tmp_path):
     mnt = tmp_path / "mnt"
     proc = _on_tmpfs("256k", mnt, sys.executable, "-c", _WRITES, str(mnt),
@@ -216,6 +217,7 @@ def _intact(run: Path) -> None:
         assert json.loads((run / "trace.json").read_text())["traceEvents"]
 
 
+@pytest.mark.slow
 def test_a_job_that_fills_the_disk_ends_with_one_line_and_keeps_its_checkpoint(
         tiny_assets, tmp_path):
     """On an 8 MB tmpfs: a CLI job writes step 2; the disk is filled so that a second job's

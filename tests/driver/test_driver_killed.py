@@ -1,3 +1,4 @@
+import pytest
 """The driver itself dies (SIGKILL mid-run): the same command, resubmitted, continues from the
 newest complete checkpoint, and every sample is still trained exactly once."""
 
@@ -30,6 +31,7 @@ def _wait_for(path, proc, timeout_s=300):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_killed_driver_continues_when_the_command_is_resubmitted(tiny_assets, small_train_file,
                                                                    tmp_path):
     out = tmp_path / "run"

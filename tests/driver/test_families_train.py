@@ -63,6 +63,7 @@ def _cli(args, env=None, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_gemma3_through_the_cli(family_target, small_train_file, tiny_assets, tmp_path):
     """The family that failed while the drafter was built (issue 24): trained, evaluated and
     exported by ``python -m pipeline.train target.path=...``."""
@@ -79,6 +80,7 @@ def test_gemma3_through_the_cli(family_target, small_train_file, tiny_assets, tm
     assert json.loads((out / "export" / "config.json").read_text())["rope_theta"] == 1e6
 
 
+@pytest.mark.slow
 def test_unsupported_family_is_refused_before_any_actor(small_train_file, tmp_path):
     from transformers import Phi3Config, Phi3ForCausalLM
 

@@ -71,6 +71,7 @@ def _node_of(actor) -> str:
     return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
 
 
+@pytest.mark.slow
 def test_each_node_feeds_its_own_drafters(two_nodes, small_train_file, tmp_path):
     job = _job(two_nodes, tmp_path, small_train_file)
     reports: list[StepReport] = []
@@ -125,6 +126,7 @@ class Reader:
         self.reader.close()
 
 
+@pytest.mark.slow
 def test_a_ring_from_another_node_is_refused(two_nodes):
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     on = [NodeAffinitySchedulingStrategy(n, soft=False) for n in nodes]

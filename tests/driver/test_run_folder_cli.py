@@ -1,3 +1,4 @@
+import pytest
 """One run folder, real `python -m pipeline.train` runs: a second job on the live folder is
 refused at once naming the first; Ctrl-C ends the first with one line and the command that
 resumes, also when it was started ignoring SIGINT (as a shell starts a background command);
@@ -34,6 +35,7 @@ def _started_ignoring_sigint(cmd, **kwargs):
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.slow
 def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, small_train_file,
                                                                  tmp_path):
     out = tmp_path / "run"

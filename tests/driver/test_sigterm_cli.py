@@ -1,3 +1,4 @@
+import pytest
 """SIGTERM (`kill <driver pid>`, a scheduler's preemption) ends `python -m pipeline.train` as
 Ctrl-C does: one line naming the newest checkpoint and the command that resumes, exit 143,
 no checkpoint staging folder left, the run folder released, its local Ray gone, and none of
@@ -16,6 +17,7 @@ from pipeline.driver.runlock import LOCK_NAME
 from tests.driver.cli_run import ROOT, group_left, leftovers, wait_for
 
 
+@pytest.mark.slow
 def test_sigterm_after_a_checkpoint_says_how_to_resume(tiny_assets, small_train_file, tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")
@@ -52,6 +54,7 @@ def test_sigterm_after_a_checkpoint_says_how_to_resume(tiny_assets, small_train_
     assert leftovers(out) == [], "a checkpoint staging folder was left behind"
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_reference_trainer_and_releases_its_folder(tiny_assets, tmp_path):
     out = tmp_path / "ref"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root)

@@ -1,3 +1,4 @@
+import pytest
 """`python -m pipeline.train` on the embedded default: 1 target, 2 drafters, a local Ray."""
 
 import json
@@ -9,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_train_module_runs_the_embedded_default(tiny_assets, tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")

@@ -63,6 +63,7 @@ def _same(reference, batched):
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama", "gpt_oss", "gemma3_text",
                                         "deepseek_v3"])
+@pytest.mark.slow
 def test_batched_rows_equal_prompt_by_prompt(family_target, model_type, greedy_tokens,
                                              monkeypatch):
     spec, target, drafter, prompts = _setup(family_target, model_type)

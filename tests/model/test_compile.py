@@ -7,6 +7,7 @@ from pipeline.model.drafter import embed_tokens
 from pipeline.objective.masks import build_mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 def test_drafter_forward_has_no_graph_break(drafter_setup, attention):
     drafter, _, head, _, _ = drafter_setup

@@ -111,6 +111,7 @@ class OracleProposer:
         return torch.tensor(self.text[tokens.numel():tokens.numel() + self.block_size - 1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", FAMILY_TARGETS)
 def test_speculative_output_is_greedy_and_the_export_drafts_the_same(family_target, model_type,
                                                                      tmp_path, greedy_tokens):

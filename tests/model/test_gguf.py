@@ -129,6 +129,7 @@ def test_missing_file_is_refused(tmp_path):
         resolve_target_path(str(tmp_path / "absent.gguf"))
 
 
+@pytest.mark.slow
 def test_trains_through_the_cli_like_the_reference(tiny_source, gguf_cache, chat_file,
                                                    tmp_path, monkeypatch):
     from pipeline.driver.compose import compose_job

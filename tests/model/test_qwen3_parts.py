@@ -79,6 +79,7 @@ def test_other_configs_get_transformers_own_classes(change):
     assert type(qwen3_parts.mlp(config)).__name__ == "Qwen3MLP"
 
 
+@pytest.mark.slow
 def test_building_a_plain_drafter_imports_no_transformers():
     code = ("import sys\nfrom pipeline.model.config import DrafterSpec\n"
             "from pipeline.model.drafter import DFlashDrafter\n"

@@ -110,6 +110,7 @@ def _grads(drafter, loss):
     return [p.grad.clone() for p in drafter.parameters()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_batch_equals_its_samples_one_by_one(setup, layout):
     drafter, objective = setup[0], setup[3]

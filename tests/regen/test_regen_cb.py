@@ -70,6 +70,7 @@ def workers(target):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_cb_answers_equal_one_by_one_greedy(workers):
     cb, plain, _ = workers
     assert (cb.engine, plain.engine) == ("cb", "generate")
@@ -139,6 +140,7 @@ def test_engine_counts_say_how_many_prompts_went_apart(workers):
 
 @pytest.mark.parametrize("attention, runs", [("flex", "flex"), ("varlen", "varlen"),
                                              ("triton", "triton"), ("auto", "sdpa")])
+@pytest.mark.slow
 def test_static_engine_with_another_step_stores_the_same_records(workers, target, attention,
                                                                  runs):
     """``--static-attention`` reaches the worker's engine (auto: sdpa on CPU), whose answers
@@ -167,6 +169,7 @@ def test_static_engine_falls_back_in_one_line_for_a_family_it_cannot_serve(caplo
     assert len(lines) == 1 and "falling back to generate" in lines[0]
 
 
+@pytest.mark.slow
 def test_cb_engine_kept_between_calls_answers_alike(workers):
     cb, _, _ = workers
     requests = [GenRequest(i, tuple(c)) for i, c in enumerate(conversations())]

@@ -32,6 +32,7 @@ def test_one_padded_batch_matches_one_by_one(worker, chats, reference, max_new_t
     assert all(0 < t.num_tokens <= max_new_tokens for r in results for t in r.turns)
 
 
+@pytest.mark.slow
 def test_batches_of_one_and_three_agree(worker, chats, reference):
     conversations, lines = chats
     requests = [GenRequest(i, tuple(c)) for i, c in zip(lines, conversations)]

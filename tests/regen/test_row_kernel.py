@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_kernel_and_engine_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "tests.regen.interpreted_row_kernel"],

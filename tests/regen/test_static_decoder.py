@@ -207,6 +207,7 @@ def _traced_with_aot_eager(monkeypatch):
     return counters
 
 
+@pytest.mark.slow
 def test_compiled_step_equals_generate(model_dirs, monkeypatch):
     """``compile_step``: the decode step traced whole by dynamo (fullgraph: no break) and run
     compiled, refills and stops included, gives generate's answers; the cache writes inside
@@ -225,6 +226,7 @@ def test_compiled_step_equals_generate(model_dirs, monkeypatch):
         greedy_decode(model, prompts, MAX_NEW, stops, batch_size=3, compile_step=True)
 
 
+@pytest.mark.slow
 def test_compiled_prefill_equals_generate(model_dirs, monkeypatch):
     """``compile_prefill``: the prefills traced whole (fullgraph) with symbolic shapes give
     generate's answers over groups of other rows and widths (a tiny ``prefill_tokens`` makes

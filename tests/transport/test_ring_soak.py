@@ -15,6 +15,7 @@ import os
 import random
 import time
 
+import pytest
 import torch
 
 from pipeline.transport.ledger import SlotLedger, SlotState
@@ -77,6 +78,7 @@ def _consumer(commands, out, handle, seed: int) -> None:
     out.put(("closed", (opened, _mappings(name))))
 
 
+@pytest.mark.slow
 def test_ten_thousand_cycles_leak_nothing():
     ctx = mp.get_context("spawn")
     to_producer, to_consumer, out = ctx.Queue(), ctx.Queue(), ctx.Queue()

@@ -165,6 +165,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_only_this_process_s_own_manager_folder_is_removed():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
