@@ -1,5 +1,7 @@
-"""The line a Ctrl-C'd job prints: where it stopped and the exact command that resumes."""
+"""The line a Ctrl-C'd job prints: where it stopped and the exact command that resumes, as a
+resubmission where Ray's job server ran the job."""
 
+import json
 import shlex
 
 from pipeline.checkpoint import folders as ckpt
@@ -52,3 +54,33 @@ def test_with_no_checkpoint_a_rerun_starts_over_or_from_the_checkpoint_given(tmp
     line = interrupted_line(tmp_path / "new", args, str(given))
     assert f"resumes from {given} again" in line
     assert line.endswith(f": python -m pipeline.train {shlex.join(args)}")
+
+
+# What Ray 2.x's job server sets in a submitted job's driver (job_supervisor), trimmed.
+SUBMITTED = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({
+    "runtime_env": {"working_dir": "gcs://_ray_pkg_0123.zip", "env_vars": {"WANDB_API_KEY": "k"}},
+    "metadata": {"job_submission_id": "raysubmit_AbC123", "job_name": "raysubmit_AbC123"}})}
+
+
+def test_under_ray_job_the_line_says_how_to_resubmit(tmp_path):
+    newest = _checkpoint(tmp_path, 3)
+    args = [f"train.out_dir={tmp_path}", "cluster.address=auto"]
+    line = interrupted_line(tmp_path, args, "auto", "stopped by SIGTERM", environ=SUBMITTED)
+    assert "\n" not in line and f"the newest checkpoint is {newest} (step 3)" in line
+    command = line.split("resume with: ", 1)[1].split(" (", 1)[0]
+    assert shlex.split(command) == ["ray", "job", "submit", "--working-dir", ".",
+                                    "--runtime-env", "launch/runtime_env.yaml", "--",
+                                    "python", "-m", "pipeline.train", *args]
+    assert "raysubmit_AbC123" in line and f"launch/submit.sh -- {shlex.join(args)}" in line
+    assert "WANDB_API_KEY" not in line and "gcs://" not in line  # never the job's env
+    # No checkpoint yet: the same resubmission starts over.
+    line = interrupted_line(tmp_path / "new", ["train.seed=1"], "auto", environ=SUBMITTED)
+    assert "starts from step 0: ray job submit " in line
+
+
+def test_outside_ray_job_the_line_is_the_command_line(tmp_path):
+    _checkpoint(tmp_path, 3)
+    for environ in ({}, {"RAY_JOB_CONFIG_JSON_ENV_VAR": "not json"},
+                    {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"metadata": {}})}):
+        line = interrupted_line(tmp_path, ["train.seed=1"], "auto", environ=environ)
+        assert line.endswith("resume with: python -m pipeline.train train.seed=1")

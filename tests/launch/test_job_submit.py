@@ -1,6 +1,7 @@
 """End to end through Ray's job server: a real `ray start --head` with token authentication,
 then `launch/submit.sh` (that is, the `ray job submit` CLI) running `python -m pipeline.train`,
-and `ray job stop` on such a job (SIGTERM to its driver), resubmitted to resume.
+and `ray job stop` on such a job (SIGTERM to its driver: its last line says how to resubmit),
+resubmitted to resume; a job larger than the cluster is refused in one line.
 
 The head is private to this module: its own ports, its own --temp-dir (so in-process
 `ray.init()` of other tests never finds it), and its environment is passed to subprocesses
@@ -168,6 +169,27 @@ def test_submit_runs_training_on_the_cluster(ray_head, tiny_assets, tmp_path):
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
 
 
+def test_a_job_the_cluster_can_never_hold_is_refused_in_one_line(ray_head, tiny_assets,
+                                                                 tmp_path):
+    """The head has 4 CPUs and the default job asks 5 actors at cluster.cpus_per_actor=1: refused
+    before any actor starts, in one line naming what it asks, what the cluster has and the key
+    (it used to wait 300 s for its placement group, then end in a traceback)."""
+    proc = _submit(ray_head, ray_head.env, "--env", f"DFLASH_ASSETS_DIR={tiny_assets.root}",
+                   "--", "cluster.cpus_per_actor=1", f"train.out_dir={tmp_path / 'run'}",
+                   "cluster.address=auto")
+    assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
+    job_id = _job_id(proc)
+    status = _job_status(ray_head, job_id)
+    assert "failed" in status and "exit code 2" in status, status
+    # The job's own output (`ray job submit` prints it a second time in its failure status).
+    logs = _ray(ray_head, "job", "logs", job_id).stdout
+    lines = [line for line in logs.splitlines() if "can never be placed" in line]
+    assert len(lines) == 1, logs[-3000:]
+    assert "asks 5 CPUs in all" in lines[0] and "have 4 CPUs" in lines[0]
+    assert "cluster.cpus_per_actor=0.8 or less" in lines[0]
+    assert "Traceback" not in logs and "plan:" not in logs, logs[-3000:]
+
+
 def _job_id(proc: subprocess.CompletedProcess) -> str:
     found = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr)
     assert found, (proc.stdout + proc.stderr)[-3000:]
@@ -245,6 +267,10 @@ def test_ray_job_stop_ends_the_job_with_the_resume_line_and_a_rerun_resumes(
     step = ckpt.read_point(newest).step
     assert len(lines) == 1 and "stopped by SIGTERM" in lines[0], logs[-3000:]
     assert f"the newest checkpoint is {newest} (step {step})" in lines[0]
+    # Where the job ran: a resubmission of the same overrides, naming the stopped job.
+    assert ("resume with: ray job submit --working-dir . --runtime-env launch/runtime_env.yaml "
+            "-- python -m pipeline.train cluster.cpus_per_actor=0.5") in lines[0], lines[0]
+    assert job_id in lines[0], lines[0]
     assert not (out / LOCK_NAME).exists() and leftovers(out) == [], logs[-3000:]
 
     # The same submission again (train.checkpoint.resume=auto is the default).
