@@ -28,6 +28,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from pipeline import stop_signals
 from pipeline.config import JobConfig, weights_ring
 from pipeline.driver.drafter_group import DrafterGroup
+from pipeline.driver.placement import NotPlaced
 from pipeline.driver.scheduler import AfterStepCall
 from pipeline.actor_pool import release_actors
 from pipeline.ray_start import Placement, kill_actors, start_actor
@@ -96,8 +97,8 @@ class TauEvaluator:
         if ready:
             ray.get(ready[0])  # a failed constructor raises here, not at the first evaluation
             self._node = ray.get(self._node_ref)  # so the first evaluation may take the ring
-        else:
-            raise ValueError(
+        else:  # one line, as any wait for room (driver/placement.py)
+            raise NotPlaced(
                 f"the tau evaluator (train.eval.gpus={e.gpus:g} GPU, "
                 f"cluster.cpus_per_actor={self.job.cluster.cpus_per_actor:g} CPU) found no room "
                 f"in {_PLACE_TIMEOUT_S:.0f}s beside the training actors: lower "

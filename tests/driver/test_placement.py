@@ -15,12 +15,15 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from pipeline.config import ClusterConfig
+from pipeline.driver import evaluator as evaluator_module
 from pipeline.driver import job as job_module
 from pipeline.driver.compose import compose_job
+from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.job import Driver
 from pipeline.driver.placement import NotPlaced, check_placement, job_asks, wait_placed
 from pipeline.eval.config import EvalConfig
 from pipeline.preflight import PreflightError
+from pipeline.ray_start import Placement, kill_actors, start_actor
 
 EVAL_ON = EvalConfig(every=0, prompts=16, gpus=0.1)
 EVAL_OFF = EvalConfig(every=-1)
@@ -129,3 +132,20 @@ def test_a_wait_for_held_resources_says_so_and_gives_up_in_one_line(ray_cluster,
 
 def test_a_ready_ref_passes_at_once(ray_cluster):
     wait_placed(ray.put(1), "an object", timeout_s=60.0)
+
+
+class _Idle:
+    def __init__(self) -> None:
+        pass
+
+
+def test_an_evaluator_without_room_ends_in_one_line(ray_session, monkeypatch):
+    """Its wait, once a ValueError the CLI showed as a traceback, is a NotPlaced: one line."""
+    monkeypatch.setattr(evaluator_module, "_PLACE_TIMEOUT_S", 1.0)
+    evaluator = TauEvaluator(compose_job([]), resolved=None, prompts=list)
+    evaluator.actor = start_actor(_Idle, Placement(cpus=1000.0))  # more than any node has
+    try:
+        with pytest.raises(NotPlaced, match=r"^the tau evaluator .* found no room in 1s"):
+            evaluator.wait_ready()
+    finally:
+        kill_actors([evaluator.actor])
