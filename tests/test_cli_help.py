@@ -24,8 +24,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                         "--hydra-help", "--cfg job"]),
     ("pipeline.train_single", ["Config groups", "drafter ", "train.plan.max_steps=",
                                "--hydra-help", "--cfg job"]),
-    ("pipeline.export", ["--checkpoint", "--out", "--dtype"]),
-    ("pipeline.regenerate", ["--input", "--output", "--engine", "--num-workers", "--help-all"]),
+    # torch's import makes these two the slow ones
+    pytest.param("pipeline.export", ["--checkpoint", "--out", "--dtype"], marks=pytest.mark.slow),
+    pytest.param("pipeline.regenerate", ["--input", "--output", "--engine", "--num-workers",
+                                         "--help-all"], marks=pytest.mark.slow),
 ])
 def test_help_is_a_short_page_with_groups_and_examples(entry, names):
     proc = _run(entry, "--help")
@@ -39,6 +41,7 @@ def test_help_is_a_short_page_with_groups_and_examples(entry, names):
     assert [name for name in names if name not in page] == []
 
 
+@pytest.mark.slow
 def test_hydras_own_help_and_the_config_dump_stay():
     proc = _run("pipeline.train", "--hydra-help")
     assert proc.returncode == 0 and "Hydra" in proc.stdout and "--multirun" in proc.stdout
@@ -47,6 +50,7 @@ def test_hydras_own_help_and_the_config_dump_stay():
     assert "max_steps: 7" in proc.stdout and "cluster:" in proc.stdout
 
 
+@pytest.mark.slow
 def test_regenerates_full_page_lists_every_option():
     proc = _run("pipeline.regenerate", "--help-all")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,7 +59,8 @@ def test_regenerates_full_page_lists_every_option():
     assert [o for o in every if o not in proc.stdout] == []
 
 
-@pytest.mark.parametrize("module", ["pipeline.export", "pipeline.regenerate"])
+@pytest.mark.parametrize("module", ["pipeline.export",
+                                    pytest.param("pipeline.regenerate", marks=pytest.mark.slow)])
 def test_every_option_has_a_help_string(module):
     parser: argparse.ArgumentParser = __import__(module, fromlist=["build_parser"]).build_parser()
     options = [a for a in parser._actions if a.option_strings]

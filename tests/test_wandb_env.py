@@ -161,7 +161,8 @@ class _Server(ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
 
 
 @pytest.fixture()
@@ -193,6 +194,7 @@ def test_a_server_that_answers_lets_the_job_start(server):
     assert len(server.seen) == 1
 
 
+@pytest.mark.slow
 def test_train_cli_stops_before_ray_when_wandb_cannot_be_reached(tiny_assets, tmp_path):
     """The issue's case: an API key and no network. One line, exit 2, before Ray starts."""
     env = {k: v for k, v in os.environ.items()
