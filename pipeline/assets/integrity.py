@@ -160,11 +160,12 @@ class _Reader:
             item, count = self.take("I"), self.take("Q")
             if item in _GGUF_SCALARS:
                 self.skip(count * struct.calcsize(_GGUF_SCALARS[item]))
-            elif item == _STRING:
-                for _ in range(count):
-                    self.skip(self.take("Q"))
-            else:  # nested arrays are allowed by the format and used by no model file
-                raise _damaged(self.path, f"metadata {key!r} is an array of type {item}")
+            elif item in (_STRING, _ARRAY):  # each at least 8 bytes: a damaged count ends
+                for _ in range(count):       # at the file's end, as a cut file does
+                    self.skip_value(item, key)
+            else:
+                raise _damaged(self.path, f"metadata {key!r} is an array of unknown type "
+                                          f"{item}")
         else:
             raise _damaged(self.path, f"metadata {key!r} has unknown value type {kind}")
 
