@@ -15,17 +15,23 @@ from pipeline.reference.trainer import SingleProcessTrainer
 
 BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval.every=-1",
         "train.export_dtype=float32", "train.optim.lr=1e-3", "train.optim.warmup_ratio=0.0"]
+# The objectives besides DFlash's decayed CE: D-PACE weights (computed per micro-batch from
+# its own CE), and distillation (the target's final hidden state rides in the slot).
+OBJECTIVES = {"decay": [], "dpace": ["drafter.position_weights=dpace", "drafter.gamma=null"],
+              "distill": ["drafter.distill_weight=0.5", "drafter.distill_temperature=2.0"]}
 
 
 def _weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
-@pytest.mark.parametrize("init", ["random", "target_layers"])
+@pytest.mark.parametrize("init,objective", [("random", "decay"), ("target_layers", "decay"),
+                                            ("random", "dpace"), ("random", "distill")])
 def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, small_train_file,
-                                                               tmp_path, init):
+                                                               tmp_path, init, objective):
     over = BASE + ["train.plan.grad_accum=3", "data.micro_batch_size=1", "train.plan.max_steps=2",
-                   f"data.train_path={small_train_file}", f"drafter.init={init}"]
+                   f"data.train_path={small_train_file}", f"drafter.init={init}",
+                   *OBJECTIVES[objective]]
     ray_job = compose_job(over + [f"train.out_dir={tmp_path / 'ray'}"])
     summary = Driver(ray_job).run()
     ref_job = compose_job(over + [f"train.out_dir={tmp_path / 'ref'}"])
@@ -49,8 +55,15 @@ def test_two_drafters_three_micro_batches_match_single_process(ray_cluster, smal
     assert ref_update.norm() > 1e-2, "the steps did not change the weights: vacuous comparison"
     rel = float((ray_update - ref_update).norm() / ref_update.norm())
     assert rel < 1e-5, f"updates differ by {rel:.2e} relative"
+    # Per element, to 1e-6 but for a few: Adam divides each gradient by sqrt(v) + eps (1e-8),
+    # so an element whose micro-batch gradients (~0.5) nearly cancel, then are clipped by
+    # 1/50, sits near eps, and the float32 rounding of its sum (the all-reduce adds in another
+    # order) reaches ~1e-6 of its update (seen with D-PACE: one of 4096 q_proj elements,
+    # 1.8e-6, its step-1 sum -9.5e-5 of terms up to 0.77). Those stay within 1e-5.
     for name in ref_w:
-        torch.testing.assert_close(ray_w[name], ref_w[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ray_w[name], ref_w[name], rtol=1e-5, atol=1e-5)
+    diff = torch.cat([(ray_w[n] - ref_w[n]).abs().flatten() for n in sorted(ref_w)])
+    assert int((diff > 1e-6).sum()) <= diff.numel() // 10000, "more than 1 in 10^4 elements"
     rows = [json.loads(x) for x in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
 
