@@ -67,6 +67,10 @@ NOTES = [
     "layer full attention (--full-attention-indices): its default sliding layers are causal "
     "inside a block, which z-lab's format and the one decoder do not serve; "
     "--train-data-ratio 0.99 (it refuses 1.0).",
+    "Schedules: the pipeline plans ours_epochs passes (its cosine about fits the budget); the "
+    "peers keep their recipes' epochs (ModelOpt 10, speculators 20), so the budget cuts their "
+    "schedules early (training.num_train_epochs=N or --epochs=N in a run's overrides changes "
+    "that).",
     "Speculators' checkpoints are converted to z-lab's format by the inverse of its converter "
     "(bench/peers_steps/zlab.py), checked against its converter in the unit tests.",
 ]

@@ -20,7 +20,8 @@ def command(run: Run, ctx: Ctx) -> list[str]:
     base = trainer_overrides(s.data, gguf_path(s.data, w), str(w.data("train")),
                              str(w.data("humaneval")), str(ctx.run_dir(run)), s.max_steps)
     race = [f"train.checkpoint.every={s.ours_checkpoint_every}", "train.checkpoint.keep_last=0",
-            "train.eval.every=-1"]
+            "train.eval.every=-1",
+            *((f"train.plan.epochs={s.ours_epochs}",) if s.ours_epochs else ())]
     return python("-m", "pipeline.train", "--config-name", "smollm2_135m",
                   *merge_overrides(base, race, run.overrides))
 

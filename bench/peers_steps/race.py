@@ -38,8 +38,9 @@ def race(run: Run, ctx: Ctx, mean_tokens: float) -> dict:
     row["command"] = _shell(got["command"])
     if "skipped" in got:  # speculators on CPU: its dry-run checkpoint checks the plumbing
         print(f"{run.name}: skipped on {ctx.device}: {got['skipped']}", flush=True)
+        draft = zlab.finish(Path(got["dry_run_dir"]))
         plumbing = _decode(ctx, run, {"dry_run": got["dry_run_dir"]}).get("dry_run")
-        return {**row, "status": "skipped", "reason": got["skipped"],
+        return {**row, "status": "skipped", "reason": got["skipped"], "draft": draft,
                 "untrained_dry_run_decoded": plumbing}
     if got.get("resolved"):
         row["resolved_recipe"] = modelopt_run.recipe_summary(got["resolved"])

@@ -28,8 +28,14 @@ class PeersScale:
     marks: tuple[float, ...] = (1 / 3, 2 / 3, 1.0)  # checkpoints, as fractions of the budget
     max_steps: Optional[int] = None  # a cap on top of the budget (tiny: a few steps)
     ours_checkpoint_every: int = 20  # the pipeline's checkpoint interval (steps)
-    decode_prompts: int = 24  # per set (HumanEval, held-out explain)
-    decode_max_new_tokens: int = 96
+    # The pipeline's schedule (cosine over its planned steps): epochs of the answers that about
+    # fill the budget at its rate (4.7 steps/s of ~48 samples on an H200, docs/BENCHMARKS.md),
+    # so it neither ends early nor is cut far from its end. None: the chain's.
+    ours_epochs: Optional[int] = None
+    # Per set (HumanEval, held-out explain); the decoder goes one prompt at a time, so these
+    # two decide its minutes: each mark of each run is decoded on both sets.
+    decode_prompts: int = 16
+    decode_max_new_tokens: int = 64
     # ModelOpt pads every sample to its training_seq_len (recipe: 4096); None: the recipe's.
     modelopt_recipe_seq_len: Optional[int] = None
     # Speculators packs samples into rows of this many tokens (its default 8192).
@@ -57,7 +63,7 @@ GPU_DATA = RealScale(name="gpu", device="cuda", train_prompts=4096, heldout_prom
                      humaneval_prompts=32, regen_batch_size=8192, regen_rows=4096,
                      eval_every=0, eval_prompts=24, regen_budget_s=240.0,
                      train_budget_s=240.0)
-GPU = PeersScale(name="gpu", data=GPU_DATA, budget_min=1.0)
+GPU = PeersScale(name="gpu", data=GPU_DATA, budget_min=1.0, ours_epochs=3)
 
 # The CPU path: the tiny Llama GGUF, a few steps of each trainer that runs on CPU.
 TINY_DATA = dataclasses.replace(TINY, train_prompts=16, heldout_prompts=2, humaneval_prompts=2,
