@@ -5,6 +5,7 @@ by Ctrl-C at its budget; the checkpoint nearest each mark exported by ``pipeline
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def train(run: Run, ctx: Ctx) -> dict:
         pts = points(run_dir)
         return pts[0].time if pts else None
 
-    w = run_watched(run.name, cmd, ctx.work.log(run.name), dict(_project_env()), first_step,
+    w = run_watched(run.name, cmd, ctx.work.log(run.name), dict(os.environ), first_step,
                     budget, budget + ctx.scale.run_overhead_s * 3)
     pts = points(run_dir)
     times = {p.step: p.time for p in pts}
@@ -84,12 +85,6 @@ def _prune(ckpts: list[Checkpoint], marks: list) -> None:
     for c in ckpts:
         if c.path.name not in kept:
             shutil.rmtree(c.path, ignore_errors=True)
-
-
-def _project_env() -> dict:
-    import os
-
-    return os.environ
 
 
 def rates(result: dict) -> dict:
