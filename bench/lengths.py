@@ -134,7 +134,7 @@ def _data(path: Path) -> list[str]:
 def _shapes(config: tuple[str, list[str]], data: list[str], batching: str = "bucket"):
     """The bucketed (or packed) run's resolved shapes, composed as the CLI composes them."""
     from pipeline.driver.compose import compose_job
-    from pipeline.assembly import batch_shapes
+    from pipeline.job.assembly import batch_shapes
 
     job = compose_job(config[1] + data + [f"data.batching={batching}"], config_name=config[0])
     s = batch_shapes(job)

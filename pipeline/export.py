@@ -20,8 +20,8 @@ from typing import Optional
 from pipeline import checkpoint as ckpt
 from pipeline.checkpoint.files import load_state
 from pipeline.checkpoint.sharded import LEGACY_FILE, load_weights
-from pipeline.cli_help import EXPORT_EXAMPLES
-from pipeline.diskfull import DiskFullError
+from pipeline.job.cli_help import EXPORT_EXAMPLES
+from pipeline.runtime.diskfull import DiskFullError
 from pipeline.model.config import DrafterSpec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.serving_format import save_drafter

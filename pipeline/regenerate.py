@@ -38,15 +38,15 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from pipeline import startup_gc
+from pipeline.runtime import startup_gc
 
 if __name__ == "__main__":  # before the imports below (torch, Triton): until main read the input
     startup_gc.defer_full_collections()
 
-from pipeline import stop_signals  # noqa: E402
-from pipeline.cli_help import REGENERATE_EXAMPLES, REGENERATE_MAIN, add_short_help  # noqa: E402
+from pipeline.runtime import stop_signals  # noqa: E402
+from pipeline.job.cli_help import REGENERATE_EXAMPLES, REGENERATE_MAIN, add_short_help  # noqa: E402
 from pipeline.data.config import FORMATS, ON_BAD_LINE  # noqa: E402
-from pipeline.gpu_oom import gpu_oom_line  # noqa: E402
+from pipeline.job.gpu_oom import gpu_oom_line  # noqa: E402
 from pipeline.regen.cb import COMPILE_LEVELS, ENGINES, SWITCHES  # noqa: E402
 from pipeline.regen.config import AUTO_COMPILE_FLOP, DEVICES, DTYPES, RegenConfig  # noqa: E402
 from pipeline.regen.static_attention import CHOICES as ATTENTIONS  # noqa: E402

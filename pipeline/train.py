@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import hydra
 
-from pipeline import startup_gc
-from pipeline.cli_help import TRAIN_EXAMPLES, help_asked, hydra_page
-from pipeline.config import check_command_line, register_configs, to_job_config
-from pipeline.diskfull import disk_full_headline
+from pipeline.runtime import startup_gc
+from pipeline.job.cli_help import TRAIN_EXAMPLES, help_asked, hydra_page
+from pipeline.job.config import check_command_line, register_configs, to_job_config
+from pipeline.runtime.diskfull import disk_full_headline
 from pipeline.driver.runlock import RunLock
-from pipeline.gpu_oom import gpu_oom_headline
-from pipeline.preflight import PreflightError
+from pipeline.job.gpu_oom import gpu_oom_headline
+from pipeline.checks.preflight import PreflightError
 
 if TYPE_CHECKING:
     from pipeline.driver.job import Driver, RunSummary
@@ -36,7 +36,7 @@ register_configs()
 def main(cfg) -> None:
     # The job's modules (torch, Ray, transformers: seconds of imports) are imported here, once
     # the command line passed its checks: a refused command line exits without them.
-    from pipeline import stop_signals
+    from pipeline.runtime import stop_signals
     from pipeline.driver.resume_hint import interrupted_line
 
     try:
@@ -112,7 +112,7 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from pipeline import stop_signals  # Ray: after the checks (see main)
+    from pipeline.runtime import stop_signals  # Ray: after the checks (see main)
 
     # SIGTERM (ray job stop, a preemption, kill) unwinds the job as Ctrl-C does: exit 143.
     stop_signals.install()

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import hydra
 
-from pipeline import startup_gc
-from pipeline.cli_help import TRAIN_SINGLE_EXAMPLES, help_asked, hydra_page
-from pipeline.config import check_command_line, register_configs, to_job_config
+from pipeline.runtime import startup_gc
+from pipeline.job.cli_help import TRAIN_SINGLE_EXAMPLES, help_asked, hydra_page
+from pipeline.job.config import check_command_line, register_configs, to_job_config
 from pipeline.driver.runlock import RunLock
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 if TYPE_CHECKING:
     from pipeline.reference.trainer import SingleProcessTrainer
@@ -81,7 +81,7 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from pipeline import stop_signals  # Ray: after the checks
+    from pipeline.runtime import stop_signals  # Ray: after the checks
 
     stop_signals.install()  # SIGTERM unwinds as Ctrl-C does: the run folder is released
     try:

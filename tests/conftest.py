@@ -18,7 +18,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.model.target import load_target, load_target_head
-from pipeline.ray_start import LOCAL_SYSTEM_CONFIG, init_local
+from pipeline.runtime.ray_start import LOCAL_SYSTEM_CONFIG, init_local
 
 VOCAB = 96
 MASK_ID = 95
@@ -197,7 +197,7 @@ def ray_cluster():
     """A local Ray instance for the whole session (real actors, CPU).
 
     Its jobs keep their actors for the next job that asks for the same ones
-    (pipeline.actor_pool.keep_actors), as a sweep of jobs would: a kept process is built again
+    (pipeline.runtime.actor_pool.keep_actors), as a sweep of jobs would: a kept process is built again
     in place instead of starting a Ray worker and importing torch and the model code anew,
     which halves what a job in the suite costs. They serve every module's jobs: a job that
     needs other placement groups removes the kept ones first, and at most two are kept outside
@@ -206,7 +206,7 @@ def ray_cluster():
     anew."""
     import ray
 
-    from pipeline.actor_pool import drop_kept_actors, keep_actors
+    from pipeline.runtime.actor_pool import drop_kept_actors, keep_actors
     from pipeline.transport.shared import remove_dead_manager_folders
 
     keep = os.environ.get("DFLASH_KEEP_ACTORS", "1")

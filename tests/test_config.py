@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pipeline.config import reads_ahead, weights_ring
+from pipeline.job.config import reads_ahead, weights_ring
 from pipeline.driver.compose import CONF_DIR, compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.launcher import check_gpu_layout

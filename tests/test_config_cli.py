@@ -8,8 +8,8 @@ from typing import Literal, Optional
 
 import pytest
 
-from pipeline.config import check_command_line, check_overrides
-from pipeline.config_keys import expected
+from pipeline.job.config import check_command_line, check_overrides
+from pipeline.checks.config_keys import expected
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pipeline import config_reference
+from pipeline.job import config_reference
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"
 
@@ -10,7 +10,7 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"
 def test_the_page_lists_every_key_as_the_dataclasses_define_it():
     assert config_reference.generated_part(PAGE.read_text()) == config_reference.render(), (
         "docs/CONFIG.md's key reference is out of date with the config dataclasses: run "
-        "python -m pipeline.config_reference --write docs/CONFIG.md")
+        "python -m pipeline.job.config_reference --write docs/CONFIG.md")
 
 
 def test_every_key_has_a_row_with_its_type_and_default():

@@ -16,7 +16,7 @@ import pytest
 import torch
 from ray.exceptions import RayTaskError
 
-from pipeline.diskfull import (DiskFullError, disk_full_error, disk_full_headline,
+from pipeline.runtime.diskfull import (DiskFullError, disk_full_error, disk_full_headline,
                                find_disk_full, rust_os_error, secondary, temp_name,
                                write_atomic)
 from pipeline.checkpoint.files import save_state

@@ -11,9 +11,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from pipeline import train
-from pipeline.config import register_configs
+from pipeline.job.config import register_configs
 from pipeline.driver.compose import CONF_DIR, compose_job
-from pipeline.gpu_oom import gpu_oom_headline
+from pipeline.job.gpu_oom import gpu_oom_headline
 
 MESSAGE = ("CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacity of "
            "79.18 GiB of which 937.38 MiB is free. Process 4745 has 610.00 MiB memory in use. "

@@ -9,9 +9,9 @@ import pytest
 
 from pipeline.data import DataError
 from pipeline.driver.compose import compose_job
-from pipeline.job_data import _checked, load_job_data
-from pipeline.preflight import PreflightError
-from pipeline.resolve import resolve_job
+from pipeline.job.job_data import _checked, load_job_data
+from pipeline.checks.preflight import PreflightError
+from pipeline.job.resolve import resolve_job
 
 SHORT = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Ok."}]}
 

@@ -1,4 +1,4 @@
-"""Actors kept across jobs (pipeline.actor_pool.keep_actors): a cleanly released actor is built
+"""Actors kept across jobs (pipeline.runtime.actor_pool.keep_actors): a cleanly released actor is built
 again in its own process for the next request of its class in the same place, with none of
 the old object's state, and only under the environment it was started with; a constructor that
 fails there fails as in a new actor; without keeping, a released actor is killed."""
@@ -10,9 +10,9 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from pipeline import actor_pool
-from pipeline.actor_pool import release_actors
-from pipeline.ray_start import Placement, start_actor
+from pipeline.runtime import actor_pool
+from pipeline.runtime.actor_pool import release_actors
+from pipeline.runtime.ray_start import Placement, start_actor
 
 
 class Counter:

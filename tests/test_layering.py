@@ -1,16 +1,16 @@
 """The package's layers, lowest first: a module imports only from its own layer or below.
 
-    base         validate, dtypes, diskfull, error_chain, preflight, config keys, Ray start,
-                 stop signals,
-                 dist/, serving/
+    base         checks/ (config values and keys, pre-checks, dtype names), runtime/ (Ray
+                 start-up, kept actors, stop signals, start-up GC, wandb's environment, the
+                 disk-full and error-chain lines), dist/, serving/
     libraries    model/, objective/, data/, transport/, assets/ (each with its own config.py)
     components   training/, eval/, checkpoint/: the drafter trainer, optimizer, plan, tau,
                  checkpoints; each gets only its own config section, never the job's JobConfig
-    job          config.py (JobConfig), resolve.py, job_data.py, assembly.py: one job put together;
-                 resume_contract.py (a resume's settings, read from the JobConfig); gpu_oom.py
-                 (an out-of-memory error's line, naming the JobConfig's settings);
-                 config_reference.py (docs/CONFIG.md's key reference, from the JobConfig);
-                 cli_help.py (the entry points' --help pages, naming conf/'s groups)
+    job          job/: one job put together: config.py (JobConfig), resolve.py, job_data.py,
+                 assembly.py; resume_contract.py (a resume's settings, read from the
+                 JobConfig); gpu_oom.py (an out-of-memory error's line, naming its settings);
+                 cli_help.py (the entry points' help pages); config_reference.py (the key
+                 reference in docs/CONFIG.md, rendered from the config dataclasses)
     workers      workers/: the Ray actors' plain classes; they run without the driver
     regen        regen/: the regeneration tool (its generator actor uses the workers' helpers)
     driver       driver/: the training job over Ray
@@ -37,14 +37,10 @@ import pipeline
 PACKAGE = Path(pipeline.__file__).resolve().parent
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("base", {"__init__.py", "startup_gc.py", "validate.py", "dtypes.py", "diskfull.py",
-              "preflight.py", "config_keys.py", "wandb_env.py", "ray_start.py", "actor_pool.py", "error_chain.py",
-              "kept_actor.py", "stop_signals.py",
-              "dist", "serving"}),
+    ("base", {"__init__.py", "checks", "runtime", "dist", "serving"}),
     ("libraries", {"model", "objective", "data", "transport", "assets"}),
     ("components", {"training", "eval", "checkpoint"}),
-    ("job", {"config.py", "resolve.py", "job_data.py", "assembly.py", "resume_contract.py",
-             "gpu_oom.py", "config_reference.py", "cli_help.py"}),
+    ("job", {"job"}),
     ("workers", {"workers"}),
     ("regen", {"regen"}),
     ("driver", {"driver"}),

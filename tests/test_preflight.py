@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
-from pipeline.preflight import PreflightError, check_data_file, check_target_folder
+from pipeline.checks.preflight import PreflightError, check_data_file, check_target_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.ray_start import HOST_REGISTER_CONF, actor_env
+from pipeline.runtime.ray_start import HOST_REGISTER_CONF, actor_env
 
 
 def test_actors_share_a_persistent_compile_cache(monkeypatch):
@@ -60,7 +60,7 @@ def test_actors_see_actor_env_with_or_without_a_runtime_env(ray_session, monkeyp
     inherits actor_env() and needs no runtime_env; a variable changed since is passed."""
     import ray
 
-    from pipeline import ray_start, startup_gc
+    from pipeline.runtime import ray_start, startup_gc
 
     assert ray_start._runtime_env() is None
     # (all but the start-up's garbage-collection request, which the actor consumes:
@@ -84,7 +84,7 @@ def test_ray_address_local_starts_the_private_cluster_through_init_local(monkeyp
     with no address at all: through init_local, so that its actors need no runtime_env."""
     import ray
 
-    from pipeline import ray_start
+    from pipeline.runtime import ray_start
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -110,7 +110,7 @@ def test_a_sigterm_swallowed_in_a_finalizer_exits_the_actor_without_a_traceback(
     as before."""
     from types import SimpleNamespace
 
-    from pipeline import ray_start
+    from pipeline.runtime import ray_start
 
     class Exited(Exception):
         pass

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import ray
 
-from pipeline import startup_gc
-from pipeline.ray_start import Placement, actor_env, start_actor
+from pipeline.runtime import startup_gc
+from pipeline.runtime.ray_start import Placement, actor_env, start_actor
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import gc, json, os, sys
 before = gc.get_threshold()
 import pipeline
-from pipeline import startup_gc
+from pipeline.runtime import startup_gc
 deferred = gc.get_threshold()
 class Node:
     pass

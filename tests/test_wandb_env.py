@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import wandb_env
-from pipeline.config import LoggerConfig
-from pipeline.preflight import PreflightError
-from pipeline.wandb_env import check_wandb, wandb_init_switches
+from pipeline.runtime import wandb_env
+from pipeline.job.config import LoggerConfig
+from pipeline.checks.preflight import PreflightError
+from pipeline.runtime.wandb_env import check_wandb, wandb_init_switches
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ import torch
 from bench.scale.synthetic import build_target
 from pipeline.model.config import qwen3_8b_config
 from pipeline.driver.staged import connect_stages, produce_chain, start_stages
-from pipeline.ray_start import Placement, init_ray, kill_actors, start_actor
+from pipeline.runtime.ray_start import Placement, init_ray, kill_actors, start_actor
 from pipeline.transport.messages import RingHandle, SlotReady
 from pipeline.transport.ring import RingReader
 from pipeline.workers.common import actor_device

@@ -34,7 +34,7 @@ import tempfile
 from pipeline.assets import cache_entry
 from pipeline.assets.cache_entry import file_lock
 from pipeline.assets.integrity import check_gguf
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import mmap
 import struct
 from pathlib import Path
 
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 INDEX = "model.safetensors.index.json"
 # safetensors' own limit on its JSON header; a larger length is a damaged first 8 bytes.
@@ -254,7 +254,7 @@ def _gguf_tensor_infos(r: _Reader, count: int, alignment: int) -> list[tuple[int
 def check_model_folder(folder: str) -> None:
     """Every ``*.safetensors`` of ``folder``, and its shard index against the shards' headers.
 
-    Files that are missing are left to pipeline.preflight, which names the config key."""
+    Files that are missing are left to pipeline.checks.preflight, which names the config key."""
     path = Path(folder)
     if not path.is_dir():
         return

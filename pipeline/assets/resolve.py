@@ -40,7 +40,7 @@ def resolve_target_path(value: str) -> str:
     ``builtin:tiny-<model_type>`` -> a tiny random-weight target of that family
     (pipeline/assets/family_targets.py); ``*.gguf`` -> its converted HF folder (converted on
     first use, pipeline/assets/gguf.py); else ``value``. Its weights' headers are checked
-    (a missing folder or file is left to pipeline.preflight, which names the config key)."""
+    (a missing folder or file is left to pipeline.checks.preflight, which names the config key)."""
     folder = _target_folder(value)
     check_model_folder(folder)
     return folder

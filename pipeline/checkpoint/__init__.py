@@ -20,7 +20,7 @@ that holds the step loop), ``sharded`` (weights and AdamW state through
 torch.distributed.checkpoint, and checkpoints written before it), ``files`` (durable writes,
 hashes, code-free loads), ``point`` and ``cursor`` (where training continues). The settings
 a resume must keep are read from the JobConfig, so they live in the job layer, in
-pipeline/resume_contract.py.
+pipeline/job/resume_contract.py.
 """
 
 from pipeline.checkpoint.folders import (clean_stale, discard_unfinished, latest, problem, prune,

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from pipeline.diskfull import writing
+from pipeline.runtime.diskfull import writing
 
 
 @dataclass(frozen=True)

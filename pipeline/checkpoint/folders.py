@@ -8,7 +8,7 @@ A checkpoint is ``<out_dir>/checkpoints/step_<N>/`` with
 - ``trainer.pt``: scheduler state, steps done and RNG states (the owner's; the same on every
   rank);
 - ``state.json``: steps done, the data cursor as (epoch, samples done in it), every file's
-  path, size and sha256, the resume contract of pipeline/resume_contract.py.
+  path, size and sha256, the resume contract of pipeline/job/resume_contract.py.
 
 Checkpoints written before DCP hold ``drafter.pt`` (the whole state in one torch.save file)
 instead of the first two; they are read as they are (see pipeline/workers/drafter_worker.py
@@ -41,8 +41,8 @@ from typing import Any, Optional
 from pipeline.checkpoint.files import (READ_THREADS, FileRecord, fsync_dir, fsync_file,
                                        sha256_files)
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.diskfull import writing
-from pipeline.preflight import PreflightError
+from pipeline.runtime.diskfull import writing
+from pipeline.checks.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ the step loop for ~39 s. A save now only copies the state into host buffers (pin
 so the copy runs at PCIe speed) and returns; pipeline/checkpoint/writer.py writes the copy in
 the background. The buffers are allocated in the background at construction and reused by
 every save. Pinning 12.6 GB takes seconds, through the host-register allocator actors start
-with so that GPU work goes on beside it (pipeline/ray_start.py); a drafter about to load a
+with so that GPU work goes on beside it (pipeline/runtime/ray_start.py); a drafter about to load a
 checkpoint allocates them after the load instead of beside it. Under drafter.parallel=fsdp each
 rank copies only its own shards (DTensors keep their placement: the copy is a DTensor over host
 memory).

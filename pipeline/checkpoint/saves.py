@@ -17,7 +17,7 @@ from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
 from pipeline.checkpoint.writer import SaveDone
-from pipeline.diskfull import DISK_FULL, disk_full_error
+from pipeline.runtime.diskfull import DISK_FULL, disk_full_error
 
 log = logging.getLogger(__name__)
 

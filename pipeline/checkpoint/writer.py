@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from pipeline.checkpoint.files import FileRecord, save_state, sha256_files
 from pipeline.checkpoint.host_copy import HostPool, map_tensors, snapshot
-from pipeline.diskfull import is_disk_full
+from pipeline.runtime.diskfull import is_disk_full
 
 # pipeline.checkpoint.sharded (DCP: torch.distributed.tensor, most of a CPU-second to import)
 # is imported where a drafter writes, not here: every actor and the driver import this module

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Iterator, Optional, Union
 from pipeline.data.config import DEFAULT_MAX_LINE_BYTES, FORMATS, ON_BAD_LINE
 from pipeline.data.errors import BadLine
 from pipeline.data.stats import DataStats
-from pipeline.validate import require_choice
+from pipeline.checks.validate import require_choice
 
 log = logging.getLogger(__name__)
 

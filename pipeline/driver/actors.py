@@ -18,10 +18,10 @@ from typing import Any, Optional
 
 import ray
 
-from pipeline import stop_signals
-from pipeline.assembly import batch_shapes, packing_of
+from pipeline.runtime import stop_signals
+from pipeline.job.assembly import batch_shapes, packing_of
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.config import JobConfig, reads_ahead
+from pipeline.job.config import JobConfig, reads_ahead
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes
 from pipeline.driver.drafter_group import DrafterGroup, policy_for
@@ -30,9 +30,9 @@ from pipeline.driver.placement import wait_placed
 from pipeline.driver.scheduler import Topology
 from pipeline.driver.staged import chain_names, connect_stages, start_stages
 from pipeline.model.config import feature_width
-from pipeline.actor_pool import release_actors
-from pipeline.ray_start import Placement, kill_actors, start_actor
-from pipeline.resolve import ResolvedJob
+from pipeline.runtime.actor_pool import release_actors
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
+from pipeline.job.resolve import ResolvedJob
 from pipeline.transport.shared import remove_dead_manager_folders
 from pipeline.workers.drafter_worker import DrafterWorker
 from pipeline.workers.prefetcher import PlanSummary, Prefetcher

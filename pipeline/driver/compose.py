@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.config import JobConfig, register_configs, reject_moved_keys, to_job_config
+from pipeline.job.config import JobConfig, register_configs, reject_moved_keys, to_job_config
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 

@@ -43,7 +43,7 @@ from pipeline.checkpoint.writer import SaveDone
 from pipeline.dist.rendezvous import MasterAddress
 # The rank that owns the work done once for the group (saves, exports, weights for evals).
 from pipeline.driver.join import OWNER_RANK, collected, only_value, owner_value
-from pipeline.ray_start import run_task
+from pipeline.runtime.ray_start import run_task
 
 # The step loop's lane for calls queued on the owner behind a step (see AfterStepCall).
 OWNER_LANE = "drafter owner"

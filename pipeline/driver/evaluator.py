@@ -25,14 +25,14 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from pipeline import stop_signals
-from pipeline.config import JobConfig, weights_ring
+from pipeline.runtime import stop_signals
+from pipeline.job.config import JobConfig, weights_ring
 from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.placement import NotPlaced
 from pipeline.driver.scheduler import AfterStepCall
-from pipeline.actor_pool import release_actors
-from pipeline.ray_start import Placement, kill_actors, start_actor
-from pipeline.resolve import ResolvedJob
+from pipeline.runtime.actor_pool import release_actors
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
+from pipeline.job.resolve import ResolvedJob
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
 
 log = logging.getLogger(__name__)

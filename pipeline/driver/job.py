@@ -13,14 +13,14 @@ from typing import Callable, Optional
 from ray.exceptions import RayError
 
 from pipeline import checkpoint as ckpt
-from pipeline import startup_gc, stop_signals
+from pipeline.runtime import startup_gc, stop_signals
 from pipeline.checkpoint import CheckpointSaves
-from pipeline.resume_contract import KEY as CONTRACT_KEY
-from pipeline.resume_contract import Contract, check_resume
+from pipeline.job.resume_contract import KEY as CONTRACT_KEY
+from pipeline.job.resume_contract import Contract, check_resume
 from pipeline.checkpoint.cursor import Cursor
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.config import JobConfig
-from pipeline.diskfull import secondary
+from pipeline.job.config import JobConfig
+from pipeline.runtime.diskfull import secondary
 from pipeline.driver.accounting import SampleAccounting
 from pipeline.driver.actors import ActorGroup
 from pipeline.driver.drafter_group import OWNER_LANE
@@ -39,10 +39,10 @@ from pipeline.driver.scheduler import AfterStepCall, StepLoop
 from pipeline.driver.summary import RunSummary
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
-from pipeline.job_data import load_job_data
-from pipeline.preflight import PreflightError
-from pipeline.resolve import resolve_job
-from pipeline.wandb_env import check_wandb
+from pipeline.job.job_data import load_job_data
+from pipeline.checks.preflight import PreflightError
+from pipeline.job.resolve import resolve_job
+from pipeline.runtime.wandb_env import check_wandb
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
 from pipeline.workers.prefetcher import PlanSummary
 

@@ -20,12 +20,12 @@ import ray
 from ray.util.placement_group import (placement_group, placement_group_table,
                                        remove_placement_group)
 
-from pipeline.config import ClusterConfig
+from pipeline.job.config import ClusterConfig
 from pipeline.eval.config import EvalConfig
-from pipeline.actor_pool import keep_groups, kept_groups
+from pipeline.runtime.actor_pool import keep_groups, kept_groups
 from pipeline.driver.placement import resources_text, wait_placed
-from pipeline.ray_start import Placement
-from pipeline.resolve import cluster_device
+from pipeline.runtime.ray_start import Placement
+from pipeline.job.resolve import cluster_device
 
 log = logging.getLogger(__name__)
 

@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from pipeline.config import ClusterConfig, JobConfig, RatesConfig
+from pipeline.job.config import ClusterConfig, JobConfig, RatesConfig
 from pipeline.driver.launcher import check_gpu_layout, evaluator_gpus, live_nodes
 from pipeline.eval.config import EvalConfig
-from pipeline.resolve import cluster_device
+from pipeline.job.resolve import cluster_device
 
 log = logging.getLogger(__name__)
 

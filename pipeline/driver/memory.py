@@ -27,10 +27,10 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
-from pipeline.assembly import batch_shapes
-from pipeline.config import JobConfig
+from pipeline.job.assembly import batch_shapes
+from pipeline.job.config import JobConfig
 from pipeline.model.stages import split_layers, stage_weight_bytes, tensor_numels
-from pipeline.resolve import ResolvedJob
+from pipeline.job.resolve import ResolvedJob
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from typing import Any, Mapping, Sequence
 
 import ray
 
-from pipeline.config import ClusterConfig
+from pipeline.job.config import ClusterConfig
 from pipeline.eval.config import EvalConfig
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 

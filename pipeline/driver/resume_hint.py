@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from pipeline import checkpoint as ckpt
-from pipeline.config_keys import override_key
+from pipeline.checks.config_keys import override_key
 
 RESUME_KEY = "train.checkpoint.resume"
 ENTRY = ["python", "-m", "pipeline.train"]

@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import ray
 
-from pipeline.ray_start import Placement, start_actor
+from pipeline.runtime.ray_start import Placement, start_actor
 from pipeline.workers.stage_worker import TargetStageWorker
 
 

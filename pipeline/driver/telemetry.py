@@ -16,9 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.config import JobConfig
-from pipeline.diskfull import write_atomic, writing
-from pipeline.wandb_env import wandb_init_switches
+from pipeline.job.config import JobConfig
+from pipeline.runtime.diskfull import write_atomic, writing
+from pipeline.runtime.wandb_env import wandb_init_switches
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.diskfull import write_atomic
+from pipeline.runtime.diskfull import write_atomic
 from pipeline.driver.scheduler import StepReport
 
 log = logging.getLogger(__name__)

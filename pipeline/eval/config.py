@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.validate import require, require_choice
+from pipeline.checks.validate import require, require_choice
 
 CUDA_GRAPHS = ("auto", "on", "off")
 STREAM_PRIORITIES = ("low", "default")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from pipeline.model.families import drafter_fields
-from pipeline.validate import require, require_choice
+from pipeline.checks.validate import require, require_choice
 
 
 ATTENTION = ("sdpa", "flex")

@@ -18,8 +18,8 @@ from typing import Union
 import torch
 from safetensors.torch import save_file
 
-from pipeline.diskfull import DISK_FULL, disk_full_error, rust_os_error, temp_name, writing
-from pipeline.dtypes import DTYPES
+from pipeline.runtime.diskfull import DISK_FULL, disk_full_error, rust_os_error, temp_name, writing
+from pipeline.checks.dtypes import DTYPES
 from pipeline.model.drafter import DFlashDrafter
 from pipeline.serving.layout import (AUTO_MAP, MODELING_FILE, check_config, check_tensors,
                                      verify_export)

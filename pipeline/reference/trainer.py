@@ -15,15 +15,15 @@ from pathlib import Path
 
 import torch
 
-from pipeline.assembly import batch_shapes, packing_of, plan_for
-from pipeline.config import JobConfig
+from pipeline.job.assembly import batch_shapes, packing_of, plan_for
+from pipeline.job.config import JobConfig
 from pipeline.data import Batch
-from pipeline.job_data import load_job_data
+from pipeline.job.job_data import load_job_data
 from pipeline.model.serving_format import save_drafter
 from pipeline.model.stages import load_staged_target
 from pipeline.model.target import load_target, load_target_head
 from pipeline.model.target_init import target_init_of
-from pipeline.resolve import ResolvedJob, resolve_job
+from pipeline.job.resolve import ResolvedJob, resolve_job
 from pipeline.training.drafter_trainer import DrafterTrainer
 from pipeline.training.metrics import StepTotals, metrics_dict
 from pipeline.training.plan import StepPlan

@@ -2,7 +2,7 @@
 
 Generators need no placement groups or rendezvous (they never talk to each other), so each
 simply asks Ray for one GPU on cuda and lands wherever one is free. They start through
-:func:`pipeline.ray_start.start_actor`, like the training actors.
+:func:`pipeline.runtime.ray_start.start_actor`, like the training actors.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, ContextManager, Iterator, Optional, Sequence
 import ray
 import torch
 
-from pipeline import stop_signals
-from pipeline.ray_start import Placement, kill_actors, start_actor
-from pipeline.dtypes import resolve_dtype
+from pipeline.runtime import stop_signals
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
+from pipeline.checks.dtypes import resolve_dtype
 from pipeline.regen.config import RegenConfig
 from pipeline.regen.generator import GeneratorWorker
 from pipeline.regen.messages import GenRequest, GenResult

@@ -47,7 +47,7 @@ class CbOptions:
     warmup: bool = True  # capture graphs at the largest sizes before the first requests
 
     def __post_init__(self) -> None:
-        from pipeline.validate import require, require_choice
+        from pipeline.checks.validate import require, require_choice
 
         for key in ("max_batch_tokens", "num_blocks", "max_requests", "page_size"):
             value = getattr(self, key)

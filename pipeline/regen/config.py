@@ -9,7 +9,7 @@ from typing import Optional
 from pipeline.data.config import FORMATS, ON_BAD_LINE
 from pipeline.regen.cb import ENGINES, CbOptions
 from pipeline.regen.static_attention import CHOICES as ATTENTIONS, ROW_LENGTHS
-from pipeline.validate import require, require_choice
+from pipeline.checks.validate import require, require_choice
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

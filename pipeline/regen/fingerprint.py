@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.resume_contract import target_config_digest, target_weights_digest
+from pipeline.job.resume_contract import target_config_digest, target_weights_digest
 
 KEY = "fingerprint"
 # Compared in this order: the first that differs is the one named.

@@ -1,6 +1,6 @@
 """A generator worker: the target on one device, answering conversations greedily.
 
-A plain class: :func:`pipeline.ray_start.start_actor` makes it an actor (one per GPU), and
+A plain class: :func:`pipeline.runtime.ray_start.start_actor` makes it an actor (one per GPU), and
 tests build it directly on CPU.
 """
 

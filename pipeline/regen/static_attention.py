@@ -25,9 +25,9 @@ calls only (``swapped``):
   than generate for rows crossing column 32: the full-block index list was an expanded view
   (stride 0 across rows) where flex's CUDA kernels read a contiguous list. It is materialised
   now (:func:`decode_block_mask`), and on the H200 (2026-12-04) every row equals generate
-  (``python -m bench.probe_flex_decode``; tests/gpu/test_static_decoder_gpu.py). It is not
+  (tests/gpu/test_static_decoder_gpu.py). It is not
   the faster step there: on SmolLM2-135M at 2,048 rows, 41.8 ms a step against sdpa's 16.9
-  (bench/decode_rows.sh), although it reads less of the cache.
+  (measured; docs/BENCHMARKS.md), although it reads less of the cache.
 
 - ``varlen``: the decode step through the flash kernel's variable-length form
   (``torch.ops.aten._flash_attention_forward`` with ``seqused_k``): the cache is token-major

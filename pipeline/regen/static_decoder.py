@@ -219,7 +219,7 @@ class StaticDecoder:
 
     def _prefill_group(self, rows: list[int], prompts: list[list[int]], width: int) -> None:
         # Widths rounded up to 16 columns. Unrounded widths padded less (3.1% of the prompt
-        # tokens against 5.6%, `python -m bench.probe_prefill --padding`) but ran slower on an
+        # tokens against 5.6%) but ran slower on an
         # H100 with the prefill compiled (8B shape, 2026-12-07; docs/BENCHMARKS.md): the timed
         # prefills 8.73 -> 9.23 s, and the first wave's, which compile, 111 -> 160 s.
         dev, n, width = self.device, len(prompts), min(aligned_columns(width), self.capacity)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.validate import require
+from pipeline.checks.validate import require
 
 
 @dataclass

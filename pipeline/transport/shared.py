@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from pipeline import kept_actor
+from pipeline.runtime import kept_actor
 from pipeline.transport.messages import DeviceKind
 
 _DEVICE_KINDS = ("cuda", "cpu")

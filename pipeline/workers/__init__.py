@@ -1,2 +1,2 @@
-"""Plain classes that pipeline.ray_start.start_actor wraps as Ray actors; tests drive them
+"""Plain classes that pipeline.runtime.ray_start.start_actor wraps as Ray actors; tests drive them
 without Ray."""

@@ -79,7 +79,7 @@ class DrafterWorker:
         clock.carve("drafter built", "waited for the target head", self.trainer.head_wait_s)
         # Its own part: at 8B on an H100 (2026-12-05) it took 6.5-9.2 s of every start, nearly
         # all dynamo's import (which the first AdamW pays too) and the compile wrapper, against
-        # 0.5 s for drawing the weights (bench/drafter_build_probe.py).
+        # 0.5 s for drawing the weights (measured; docs/BENCHMARKS.md).
         clock.carve("drafter built", "optimizer and compile set up", self.trainer.setup_s)
         # Rings of another node are refused: neither CUDA IPC nor shared memory crosses nodes.
         self.reader = RingReader(self.device, node_id=current_node_id())
@@ -99,8 +99,8 @@ class DrafterWorker:
         it. Read pinned, it held the drafter's build (8B on an H100, 2026-12-06: build 5-9.5 s
         against 0.7 s); read pageable, the save buffers are pinned after the load
         (:meth:`load_checkpoint`), through the host-register allocator every actor starts
-        with (pipeline.ray_start.HOST_REGISTER_CONF): with cudaHostAlloc the pinning held
-        that step ~5 s, and bench.pin_probe found the host-register allocator holds a GPU
+        with (pipeline.runtime.ray_start.HOST_REGISTER_CONF): with cudaHostAlloc the pinning held
+        that step ~5 s, and a probe found the host-register allocator holds a GPU
         loop beside it not at all (docs/BENCHMARKS.md, 2026-12-06)."""
         if checkpoint is None or options.parallel == "fsdp":
             return None
@@ -276,7 +276,7 @@ class DrafterWorker:
                 reader_node: Optional[str] = None) -> Weights | WeightsSnapshot:
         """This replica's weights for the tau evaluator (its own actor): queued right behind
         a step, they are exactly the weights after that step. ``ring`` (train.eval.weights_ring
-        as pipeline.config.weights_ring resolves it): True or None, left in this rank's
+        as pipeline.job.config.weights_ring resolves it): True or None, left in this rank's
         snapshot ring, with None only where ``reader_node`` (the evaluator's) is this node;
         False, or where the ring does not fit, a CPU copy for the object store. Under fsdp
         every rank gathers them (a collective); rank 0 gets them, the others an empty dict."""

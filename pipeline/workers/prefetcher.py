@@ -1,7 +1,7 @@
 """The prefetcher: batches samples and hands out micro-batches in plan order.
 
 It gets the training set already encoded (the driver reads, checks and encodes the file once,
-before Ray starts: pipeline/job_data.py), owns the step plan and a cursor into it, so every
+before Ray starts: pipeline/job/job_data.py), owns the step plan and a cursor into it, so every
 sample is handed out exactly once per epoch, whichever target or drafter ends up with it.
 """
 

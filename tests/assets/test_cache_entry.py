@@ -92,7 +92,7 @@ def test_a_large_entry_is_hashed_when_a_load_fails(assets_root, monkeypatch, cap
     the sha256 of every file is taken once a load from it fails, and a damaged entry is made
     again. The driver's own load of the tokenizer does that, and retries."""
     from pipeline.driver.compose import compose_job
-    from pipeline.resolve import resolve_job
+    from pipeline.job.resolve import resolve_job
 
     monkeypatch.setattr(cache_entry, "FULL_CHECK_BYTES", 0)
     monkeypatch.setenv("DFLASH_ASSETS_DIR", str(assets_root))

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.assets import gguf as gguf_mod
 from pipeline.assets import resolve_target_path
 from pipeline.assets.integrity import BrokenModelFile, check_gguf
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import pytest
 
 from bench.quality.plot import write_curve_data
 from bench.quality.runs import read_pipeline, read_single
-from pipeline.config import JobConfig
+from pipeline.job.config import JobConfig
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.training.metrics import StepTotals, metrics_dict
 

@@ -9,9 +9,9 @@ import pytest
 import ray
 from ray.exceptions import RayActorError
 
-from pipeline import stop_signals
+from pipeline.runtime import stop_signals
 from pipeline.driver.actors import ActorGroup
-from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
 
 
 class Closing:

@@ -24,7 +24,7 @@ from pipeline.checkpoint.files import load_state, save_state
 from pipeline.checkpoint.writer import TRAINER_FILE
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
-from pipeline.resolve import resolve_job
+from pipeline.job.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
 from pipeline.training.optim import build_optimizer
 from pipeline.reference.trainer import SingleProcessTrainer

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.checkpoint import folders as ckpt
-from pipeline.config import JobConfig
+from pipeline.job.config import JobConfig
 from pipeline.driver.compose import compose_job
-from pipeline.resume_contract import (CHANGEABLE, CHECKED_AS, FIXED, Contract, check_resume,
+from pipeline.job.resume_contract import (CHANGEABLE, CHECKED_AS, FIXED, Contract, check_resume,
                                       leaves)
 from pipeline.driver.job import Driver
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,7 +172,7 @@ def test_changeable_settings_resume_and_each_change_is_logged(run, tiny_assets, 
     moved = tmp_path / "moved.jsonl"
     shutil.copy(data, moved)
     target = _target_copy(tiny_assets, tmp_path, lambda folder: None)
-    with caplog.at_level(logging.INFO, logger="pipeline.resume_contract"):
+    with caplog.at_level(logging.INFO, logger="pipeline.job.resume_contract"):
         driver = Driver(compose_job(_base(moved, out) + [
             "train.plan.max_steps=4", "train.eval.every=2", "train.optim.lr=1e-3",
             "cluster.drafters_per_node=2", target]))

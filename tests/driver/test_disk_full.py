@@ -24,8 +24,8 @@ import torch
 from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.files import save_state
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.config import JobConfig
-from pipeline.diskfull import DiskFullError, temp_name
+from pipeline.job.config import JobConfig
+from pipeline.runtime.diskfull import DiskFullError, temp_name
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
 
@@ -105,8 +105,8 @@ def _on_tmpfs(size: str, mnt: Path, *cmd: str, env=None, timeout=120):
 _WRITES = r"""
 import json, os, sys
 from pathlib import Path
-from pipeline.config import JobConfig
-from pipeline.diskfull import DiskFullError
+from pipeline.job.config import JobConfig
+from pipeline.runtime.diskfull import DiskFullError
 from pipeline.driver.telemetry import MetricsLogger
 from pipeline.driver.trace import TraceRecorder
 

@@ -13,7 +13,7 @@ import ray
 
 import pipeline
 from pipeline.driver.drafter_group import OWNER_RANK, POLICY, Dispatch, DrafterGroup
-from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
 from pipeline.workers.drafter_worker import DrafterWorker
 
 

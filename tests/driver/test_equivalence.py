@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.model.target_init import target_init_of
-from pipeline.resolve import resolve_job
+from pipeline.job.resolve import resolve_job
 from pipeline.training.drafter_trainer import build_drafter
 from pipeline.reference.trainer import SingleProcessTrainer
 

@@ -24,8 +24,8 @@ from pipeline.driver.drafter_group import DrafterGroup
 from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport, Topology
-from pipeline.ray_start import Placement, kill_actors, start_actor
-from pipeline.resolve import resolve_job
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
+from pipeline.job.resolve import resolve_job
 from pipeline.transport.messages import ProduceMeta, SlotAck, SlotReady
 from pipeline.workers.eval_worker import EvalResult, EvalWorker
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta, MicroResult, StepResult

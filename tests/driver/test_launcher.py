@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import ray
 
-from pipeline.config import ClusterConfig
+from pipeline.job.config import ClusterConfig
 from pipeline.driver import job as job_module
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.launcher import check_cluster, check_gpu_layout, evaluator_gpus
 from pipeline.eval.config import EvalConfig
-from pipeline.resolve import cluster_device
+from pipeline.job.resolve import cluster_device
 
 EVAL_ON = EvalConfig(every=0, prompts=16, gpus=0.1)
 EVAL_OFF = EvalConfig(every=-1)
@@ -115,7 +115,7 @@ class _Started(Exception):
 
 def test_a_driver_on_a_gpu_host_trains_on_the_cpu_cluster(cpu_ray, tiny_assets, tmp_path,
                                                           monkeypatch):
-    monkeypatch.setattr("pipeline.resolve.resolve_device", lambda requested: "cuda")
+    monkeypatch.setattr("pipeline.job.resolve.resolve_device", lambda requested: "cuda")
     driver = Driver(compose_job(["cluster.device=auto", f"train.out_dir={tmp_path}"]))
     assert driver.r.device == "cuda"  # this host's guess, before Ray
 

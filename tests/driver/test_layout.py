@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipeline.config import ClusterConfig, RatesConfig
+from pipeline.job.config import ClusterConfig, RatesConfig
 from pipeline.driver.compose import compose_job
 from pipeline.driver.launcher import check_gpu_layout
 from pipeline.driver.layout import (Rates, choose_layout, colocated_rate, load_rates,

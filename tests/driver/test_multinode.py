@@ -19,10 +19,10 @@ from pipeline.driver.actors import ActorGroup
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.scheduler import StepLoop, StepReport
-from pipeline.job_data import load_job_data
-from pipeline.actor_pool import drop_kept_actors
-from pipeline.ray_start import init_local
-from pipeline.resolve import resolve_job
+from pipeline.job.job_data import load_job_data
+from pipeline.runtime.actor_pool import drop_kept_actors
+from pipeline.runtime.ray_start import init_local
+from pipeline.job.resolve import resolve_job
 from pipeline.transport.node import current_node_id
 from pipeline.transport.ring import RingReader, SlotRing
 

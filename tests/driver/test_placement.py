@@ -14,7 +14,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from pipeline.config import ClusterConfig
+from pipeline.job.config import ClusterConfig
 from pipeline.driver import evaluator as evaluator_module
 from pipeline.driver import job as job_module
 from pipeline.driver.compose import compose_job
@@ -22,8 +22,8 @@ from pipeline.driver.evaluator import TauEvaluator
 from pipeline.driver.job import Driver
 from pipeline.driver.placement import NotPlaced, check_placement, job_asks, wait_placed
 from pipeline.eval.config import EvalConfig
-from pipeline.preflight import PreflightError
-from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.checks.preflight import PreflightError
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
 
 EVAL_ON = EvalConfig(every=0, prompts=16, gpus=0.1)
 EVAL_OFF = EvalConfig(every=-1)

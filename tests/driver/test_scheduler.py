@@ -23,7 +23,7 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from pipeline.driver.scheduler import AfterStepCall, StepLoop, StepReport, Topology
-from pipeline.ray_start import Placement, kill_actors, start_actor
+from pipeline.runtime.ray_start import Placement, kill_actors, start_actor
 from pipeline.transport.messages import ProduceMeta, RingHandle, SlotAck, SlotReady
 from pipeline.transport.ring import RingReader, SlotRing
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta, MicroResult, StepResult

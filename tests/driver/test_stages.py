@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pipeline.config import ClusterConfig
+from pipeline.job.config import ClusterConfig
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.driver.launcher import check_gpu_layout
@@ -13,7 +13,7 @@ from pipeline.driver.layout import Rates, choose_layout
 from pipeline.driver.memory import (BUSY_BYTES, CONTEXT_BYTES, GB, _needs, busy_line,
                                     check_target_memory)
 from pipeline.eval.config import EvalConfig
-from pipeline.resolve import resolve_job
+from pipeline.job.resolve import resolve_job
 from pipeline.reference.trainer import SingleProcessTrainer
 
 BASE = ["cluster.drafters_per_node=2", "cluster.cpus_per_actor=0.5", "train.eval.every=-1",

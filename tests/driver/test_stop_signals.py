@@ -8,11 +8,11 @@ import signal
 
 import pytest
 
-from pipeline import stop_signals
+from pipeline.runtime import stop_signals
 from pipeline.checkpoint import folders as ckpt
 from pipeline.checkpoint.files import FileRecord, sha256_file
 from pipeline.checkpoint.point import ResumePoint
-from pipeline.stop_signals import Terminated
+from pipeline.runtime.stop_signals import Terminated
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from pipeline.driver.compose import compose_job
 from pipeline.eval.config import EvalConfig
 from pipeline.model.drafter import DFlashDrafter
-from pipeline.resolve import resolve_job
+from pipeline.job.resolve import resolve_job
 from pipeline.workers.eval_worker import EvalWorker
 
 

@@ -1,12 +1,12 @@
 """Actors start with torch's host-register allocator for pinned memory
-(pipeline.ray_start.HOST_REGISTER_CONF): a save pool filled in an actor on the GPU comes out
+(pipeline.runtime.ray_start.HOST_REGISTER_CONF): a save pool filled in an actor on the GPU comes out
 pinned, one buffer per state tensor, and takes non-blocking copies from the device intact.
 How much the allocator spares GPU work beside it was measured once (docs/BENCHMARKS.md, "Findings"), not a test's."""
 
 import ray
 import torch
 
-from pipeline import ray_start
+from pipeline.runtime import ray_start
 
 SPECS = [((257, 1031), torch.float32), ((4099,), torch.bfloat16), ((3, 5, 7), torch.float32)]
 

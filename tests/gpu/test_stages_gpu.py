@@ -10,7 +10,7 @@ import torch
 from bench.scale.stages import start_reader
 from pipeline.driver.staged import connect_stages, produce_chain, start_stages
 from pipeline.model.target import load_target
-from pipeline.ray_start import Placement, kill_actors
+from pipeline.runtime.ray_start import Placement, kill_actors
 from pipeline.workers.messages import MicroBatch, MicroBatchMeta
 
 TAPS = (0, 2, 4)  # 5 of the fixture target's 6 layers: stages [0, 2) and [2, 5)

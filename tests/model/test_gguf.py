@@ -24,7 +24,7 @@ from pipeline.assets import resolve_target_path  # noqa: E402
 from pipeline.assets.family_targets import tiny_base_tokenizer  # noqa: E402
 from pipeline.assets.tiny_gguf import tiny_llama, write_gguf  # noqa: E402
 from pipeline.assets import gguf as gguf_mod  # noqa: E402
-from pipeline.preflight import PreflightError  # noqa: E402
+from pipeline.checks.preflight import PreflightError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MASK_ID = 3  # the demo tokenizer's <|mask|>; a GGUF carries no mask token

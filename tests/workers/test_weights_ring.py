@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pipeline.driver.compose import compose_job
-from pipeline.resolve import resolve_job
+from pipeline.job.resolve import resolve_job
 from pipeline.transport.ring import RingReader
 from pipeline.workers import drafter_worker, weights
 from pipeline.workers.eval_worker import EvalWorker

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Mapping, Optional
 
-from pipeline.preflight import PreflightError
+from pipeline.checks.preflight import PreflightError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pipeline.config import JobConfig
+from pipeline.job.config import JobConfig
 from pipeline.data import ChatDataset
 from pipeline.data.batching import BatchShapes, sample_lengths
 from pipeline.objective.packing import Packing

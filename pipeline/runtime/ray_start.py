@@ -22,7 +22,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import pipeline
-from pipeline import actor_pool, kept_actor, startup_gc
+from pipeline.runtime import actor_pool, kept_actor, startup_gc
 
 # Environment every actor must see: our package on the path, and the GPU machine's NCCL
 # safety settings (NVLink multicast off) also where Ray starts workers with a fresh env.
@@ -42,7 +42,7 @@ _CACHE_ENV = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE
 # host-register allocator: each tensor's pages are written on 8 threads outside any driver
 # call, then registered, so the process's GPU work goes on meanwhile. The default
 # (cudaHostAlloc) held every other CUDA call of the process for as long as it took: 5.1 s for
-# 12.6 GB against 1.9 s with a GPU loop stepping on (bench.pin_probe, H200, 2026-12-06).
+# 12.6 GB against 1.9 s with a GPU loop stepping on (measured on an H200; docs/BENCHMARKS.md, "Findings of probes no longer in the tree").
 HOST_REGISTER_CONF = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 
 
@@ -226,7 +226,7 @@ def start_actor(cls: type, placement: Placement, **kwargs: Any) -> Any:
 def _actor_class(cls: type) -> type:
     """``cls`` with one thing done first in the actor's process, :func:`exit_on_swallowed_sigterm`
     as its ``sys.unraisablehook``, and one after its constructor: full garbage collections,
-    deferred while the actor imported and built (:mod:`pipeline.startup_gc`), come back. The
+    deferred while the actor imported and built (:mod:`pipeline.runtime.startup_gc`), come back. The
     subclass keeps ``cls``'s name (Ray's ``ray::<name>`` process title) and pickles by value,
     so workers need nothing new to import it."""
 
@@ -239,7 +239,7 @@ def _actor_class(cls: type) -> type:
 
     def __rebuild__(self: Any, **kwargs: Any) -> None:
         """The same process as a new actor of ``cls`` (a kept actor,
-        :func:`pipeline.actor_pool.keep_actors`): the old object's state dropped, the
+        :func:`pipeline.runtime.actor_pool.keep_actors`): the old object's state dropped, the
         constructor run again."""
         self.__dict__.clear()
         gc.collect()

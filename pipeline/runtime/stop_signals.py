@@ -38,7 +38,7 @@ from typing import Iterator, Optional
 
 import ray
 
-from pipeline import ray_start
+from pipeline.runtime import ray_start
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def ray_session(address: Optional[str], cpus_needed: float) -> Iterator[None]:
-    """:func:`pipeline.ray_start.ray_session`, then this module's handlers again where the
+    """:func:`pipeline.runtime.ray_start.ray_session`, then this module's handlers again where the
     entry point installed them: ray.init replaces the SIGTERM handler."""
     session = ray_start.ray_session(address, cpus_needed)
     try:

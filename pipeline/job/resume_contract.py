@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.checkpoint.files import sha256_file
-from pipeline.config import JobConfig
+from pipeline.job.config import JobConfig
 from pipeline.model.config import resolve_init_layer_ids
-from pipeline.preflight import PreflightError
-from pipeline.resolve import ResolvedJob
+from pipeline.checks.preflight import PreflightError
+from pipeline.job.resolve import ResolvedJob
 
 log = logging.getLogger(__name__)
 

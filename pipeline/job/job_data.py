@@ -7,7 +7,7 @@ encoding; the driver then hands the encoded set to the prefetcher, which never r
 so the work is done once and each bad line is reported once. The held-out prompts of tau
 evaluation are read here too, as far as evaluation reads them.
 
-What stops the job here is one line (:class:`~pipeline.preflight.PreflightError`, exit 2):
+What stops the job here is one line (:class:`~pipeline.checks.preflight.PreflightError`, exit 2):
 the first bad line with ``data.on_bad_line=error`` as ``file:line: reason``, or a file that
 gives no usable sample (or no held-out prompt) with its counts.
 """
@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
-from pipeline.config import JobConfig
+from pipeline.job.config import JobConfig
 from pipeline.data import ChatDataset, DataError, DataStats
 from pipeline.eval.tau import heldout_prompts
-from pipeline.preflight import PreflightError
-from pipeline.resolve import ResolvedJob
+from pipeline.checks.preflight import PreflightError
+from pipeline.job.resolve import ResolvedJob
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
-from pipeline.error_chain import chain
+from pipeline.runtime.error_chain import chain
 
 log = logging.getLogger(__name__)
 

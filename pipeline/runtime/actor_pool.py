@@ -1,7 +1,7 @@
 """Actors kept across the jobs of one process (:func:`keep_actors`).
 
 A job that closes cleanly releases its actors and placement groups here; the next job that
-asks :func:`pipeline.ray_start.start_actor` for the same class in the same place gets the kept
+asks :func:`pipeline.runtime.ray_start.start_actor` for the same class in the same place gets the kept
 process, built again by its constructor, instead of a new Ray worker that imports torch and
 the model code anew. A restart after a loss, an interrupted job, a failed close, a new layout
 and every CLI run still start new actors (they never release, or never keep).

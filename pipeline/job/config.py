@@ -15,14 +15,14 @@ from pipeline.data.config import DataConfig
 from pipeline.eval.config import EvalConfig
 from pipeline.model.config import DrafterConfig
 from pipeline.training.config import OptimConfig, PlanConfig
-from pipeline.config_keys import (composition_line, reject_moved_keys, reject_unknown_keys,
+from pipeline.checks.config_keys import (composition_line, reject_moved_keys, reject_unknown_keys,
                                   reject_unknown_override)
-from pipeline.validate import require, require_choice
+from pipeline.checks.validate import require, require_choice
 
 __all__ = ["JobConfig", "check_command_line", "reject_moved_keys", "register_configs",
            "to_job_config"]
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the entry points' config_path
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the entry points' config_path
 
 
 @dataclass
@@ -167,7 +167,7 @@ class CheckpointConfig:
     # skipped with a warning), else a fresh start, so a rerun of a command goes on where it
     # stopped; a checkpoint path; or null: start fresh (refused when out_dir holds
     # checkpoints, which the fresh job would overwrite). A resume must keep the settings of
-    # pipeline/resume_contract.py's FIXED; changes to the others are logged.
+    # pipeline/job/resume_contract.py's FIXED; changes to the others are logged.
     resume: Optional[str] = "auto"
     # Keep only the newest N step folders (0: keep all). Older ones go only after the new
     # one is in place.

@@ -18,11 +18,11 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
-from pipeline.config import JobConfig
-from pipeline.dtypes import resolve_dtype
+from pipeline.job.config import JobConfig
+from pipeline.checks.dtypes import resolve_dtype
 from pipeline.model.config import DrafterSpec, build_drafter_spec
 from pipeline.model.families import UnsupportedTarget, drafter_fields
-from pipeline.preflight import PreflightError, check_data_file, check_target_folder
+from pipeline.checks.preflight import PreflightError, check_data_file, check_target_folder
 
 
 @dataclass(frozen=True)

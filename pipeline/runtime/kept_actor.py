@@ -1,4 +1,4 @@
-"""Whether this process is an actor kept across jobs (pipeline.actor_pool.keep_actors).
+"""Whether this process is an actor kept across jobs (pipeline.runtime.actor_pool.keep_actors).
 
 A kept actor outlives its job's ``close``, so what a closing actor does for a process about
 to be killed (removing its torch shm manager's folder, which the kill leaves behind) must

@@ -13,8 +13,8 @@ import re
 import sys
 from typing import Callable, Optional
 
-from pipeline.config import JobConfig
-from pipeline.error_chain import chain
+from pipeline.job.config import JobConfig
+from pipeline.runtime.error_chain import chain
 
 _SIZE = r"[\d.]+ [KMGT]?i?B"
 _TRIED = re.compile(rf"Tried to allocate ({_SIZE})")

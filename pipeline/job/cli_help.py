@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pipeline.config import CONF_DIR
+from pipeline.job.config import CONF_DIR
 
 # (key=VALUE, what it does): the keys a first run changes, for the Hydra entry points.
 _JOB_KEYS = [

@@ -4,8 +4,8 @@ Importing torch (with dynamo), transformers and Ray makes some 360k tracked obje
 default thresholds Python runs six full collections meanwhile, each a walk over every object
 made so far, though none of it is garbage: 0.8 CPU-s of a 3.5 CPU-s start-up with CPU torch
 (Python 3.11, the developers' machine), 0.34 of 9.6 with CUDA torch (Python 3.12, an H100),
-2026-12-06, ``bench/startup_gc.py``. Every actor pays it, on every start and restart, and the
-CPU test suite starts about 240 of them on 2 cores.
+2026-12-06, measured by a probe since retired (docs/BENCHMARKS.md). Every actor pays it, on
+every start and restart, and the CPU test suite starts about 240 of them on 2 cores.
 
 So a process we start defers full collections (the young generations are still collected)
 until :func:`started`, which puts Python's thresholds back: the first full collection then
@@ -13,7 +13,7 @@ comes soon after, once, and frees whatever start-up left in cycles. Nothing is f
 (``gc.freeze``): an object built during start-up and dropped later (an evaluator's drafter
 copy, a load's host buffers) must stay collectable.
 
-Actors: the driver sets :data:`ENV_VAR` in their environment (``pipeline.ray_start.actor_env``);
+Actors: the driver sets :data:`ENV_VAR` in their environment (``pipeline.runtime.ray_start.actor_env``);
 ``pipeline/__init__`` reads it, before any module of ours imports torch, and the actor's
 constructor calls :func:`started` once it returns. Our command-line entry points call both
 themselves.
