@@ -3,7 +3,8 @@
 A stage's need is estimated as
 
     weights      its layers' tensors (stage 0: and the embedding) at the target dtype, read
-                 from the safetensors headers (nothing after the deepest tap loads)
+                 from the safetensors headers (nothing after the deepest tap loads, except
+                 where the drafter distils: then every layer)
     slot rings   the last stage: the tap ring (num_slots x the largest micro-batch's features);
                  the others: their activation ring (num_slots x tokens x hidden)
     activations  one forward of the largest micro-batch: about tokens x (6 hidden +
@@ -87,15 +88,18 @@ def gpu_memory_bytes(gpu_memory_gb: Optional[float],
 
 
 def _needs(job: JobConfig, r: ResolvedJob, stages: int) -> list[StageNeed]:
-    taps = r.spec.target_layer_ids
-    dtype_bytes = torch.empty(0, dtype=r.target_dtype).element_size()
-    weights = stage_weight_bytes(r.target_path, taps, stages, dtype_bytes)
-    bounds = split_layers(max(taps) + 1, stages)
-    per_stage = [sum(a <= i < b for i in taps) for a, b in bounds]
+    taps = list(r.spec.target_layer_ids)
     hf = r.spec.hf_config
+    # A distilling target runs every layer and hands over its final hidden state as one more
+    # column block of each slot (one stage only: a staged target cannot distil).
+    deepest = [int(hf["num_target_layers"]) - 1] if job.drafter.distills else []
+    dtype_bytes = torch.empty(0, dtype=r.target_dtype).element_size()
+    weights = stage_weight_bytes(r.target_path, taps + deepest, stages, dtype_bytes)
+    bounds = split_layers(max(taps + deepest) + 1, stages)
+    per_stage = [sum(a <= i < b for i in taps) for a, b in bounds]
     hidden = int(hf["hidden_size"])
     tokens = batch_shapes(job).max_tokens(job.data.max_length)
-    return stage_needs(weights, per_stage, len(taps), tokens, hidden,
+    return stage_needs(weights, per_stage, len(taps) + len(deepest), tokens, hidden,
                        int(hf.get("intermediate_size") or 4 * hidden), job.cluster.num_slots,
                        dtype_bytes)
 

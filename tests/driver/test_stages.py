@@ -133,3 +133,17 @@ def test_two_stages_give_the_losses_of_one_and_a_killed_stage_restarts_the_set(
         for loss in got[i + 1]:  # the first try and the one after the restart alike
             assert loss == pytest.approx(row["train/loss"], rel=1e-5), i + 1
     assert summary.checksums_agree and summary.on_main_thread
+
+
+def test_a_distilling_target_is_sized_with_every_layer_and_one_more_ring_block(tiny_assets,
+                                                                              tmp_path):
+    """With distillation the target runs to its end and each slot carries its final hidden
+    state after the taps: the memory check counts both, or it would pass a target that then
+    runs out of memory."""
+    taps = "drafter.target_layer_ids=[0,1]"  # well short of the tiny target's last layer
+    plain = compose_job(BASE + [f"train.out_dir={tmp_path}", taps])
+    distil = compose_job(BASE + [f"train.out_dir={tmp_path}", taps, "drafter.distill_weight=0.5"])
+    r_plain, r_distil = resolve_job(plain, device="cuda"), resolve_job(distil, device="cuda")
+    (a,), (b,) = _needs(plain, r_plain, 1), _needs(distil, r_distil, 1)
+    assert b.rings * 2 == a.rings * 3  # 2 taps, then 3 column blocks
+    assert b.weights > a.weights  # the layers after the deepest tap load too
