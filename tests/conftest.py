@@ -68,7 +68,8 @@ _CHEAP_MODULE_FIXTURES = {"ray_session"}
 # around them instead of one long file running alone at the end. Only an order: a file
 # missing here runs later, in collection order.
 _START_FIRST = [
-    "tests/driver/test_checkpoint_dcp.py", "tests/driver/test_contract.py",
+    "tests/bench/test_peers.py", "tests/driver/test_checkpoint_dcp.py",
+    "tests/driver/test_contract.py",
     "tests/driver/test_recovery.py", "tests/driver/test_bucket_pipeline.py",
     "tests/driver/test_equivalence.py", "tests/launch/test_job_submit.py",
     "tests/bench/test_real_model.py", "tests/driver/test_disk_full.py",
