@@ -52,7 +52,8 @@ def file_lock(path: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path) -> str:
+    """The file's sha256, read in 4 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -69,7 +70,7 @@ def write_listing(folder: str) -> None:
     """Record the size and sha256 of every file of ``folder`` (before it is renamed into place,
     or when an entry cached before listings existed is adopted)."""
     root = Path(folder)
-    files = {name: {"size": (root / name).stat().st_size, "sha256": _sha256(root / name)}
+    files = {name: {"size": (root / name).stat().st_size, "sha256": file_sha256(root / name)}
              for name in _files(root)}
     # Written then renamed: two processes adopting one entry at once each write it whole.
     fd, tmp = tempfile.mkstemp(prefix=f".{LISTING}.", dir=folder)
@@ -116,7 +117,7 @@ def problem(folder: str) -> Optional[str]:
 
 def _hash_problem(root: Path, files: dict) -> Optional[str]:
     for name, want in files.items():
-        if _sha256(root / name) != want["sha256"]:
+        if file_sha256(root / name) != want["sha256"]:
             return f"{root / name}: its sha256 differs from when it was cached"
     return None
 

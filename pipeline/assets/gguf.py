@@ -22,7 +22,6 @@ on each use (pipeline/assets/cache_entry.py: a damaged one is converted again).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -32,7 +31,7 @@ import shutil
 import tempfile
 
 from pipeline.assets import cache_entry
-from pipeline.assets.cache_entry import file_lock
+from pipeline.assets.cache_entry import file_lock, file_sha256
 from pipeline.assets.integrity import check_gguf
 from pipeline.checks.preflight import PreflightError
 
@@ -55,14 +54,6 @@ def is_gguf(value: str) -> bool:
 def cache_root() -> str:
     default = os.path.join("~", ".cache", "dflash-pipeline", "gguf")
     return os.path.abspath(os.path.expanduser(os.environ.get(ENV_VAR) or default))
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def gguf_folder(path: str, root: str | None = None) -> str:
