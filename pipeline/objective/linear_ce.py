@@ -41,15 +41,22 @@ class RowLosses:
     hits: torch.Tensor  # [R] bool: the greedy token is the label
 
 
-def _ce_terms(logits: torch.Tensor, labels: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row CE, greedy hits, and d(CE_i)/d(logits_i) in the logits' dtype."""
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+def _hard_terms(x: torch.Tensor, labels: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From fp32 (or fp64) logits ``x``: per-row CE, greedy hits, and d(CE_i)/d(x_i) in x's
+    dtype (both row losses start here; inlined where compiled)."""
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     ce = (lse - x.gather(1, labels[:, None])).squeeze(1)
     hit = x.argmax(-1) == labels
     onehot = torch.arange(x.shape[1], device=x.device)[None] == labels[:, None]
-    grad = torch.exp(x - lse) - onehot.float()
+    return ce, hit, torch.exp(x - lse) - onehot.float()
+
+
+def _ce_terms(logits: torch.Tensor, labels: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row CE, greedy hits, and d(CE_i)/d(logits_i) in the logits' dtype."""
+    ce, hit, grad = _hard_terms(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                labels)
     return ce, hit, grad.to(logits.dtype)
 
 
@@ -61,18 +68,14 @@ def _distill_terms(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Te
     d(T^2 KL(p_T || q_T))/d(logits) = T (q_T - p_T): the T^2 keeps the soft term's gradient
     on the scale of the hard one's whatever T (Hinton et al. 2015)."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    ce = (lse - x.gather(1, labels[:, None])).squeeze(1)
-    hit = x.argmax(-1) == labels
-    onehot = torch.arange(x.shape[1], device=x.device)[None] == labels[:, None]
+    ce, hit, hard_grad = _hard_terms(x, labels)
     log_q = torch.log_softmax(x / temperature, dim=-1)
     log_p = torch.log_softmax(teacher.to(x.dtype) / temperature, dim=-1)
     p = torch.exp(log_p)
     kl = (p * (log_p - log_q)).sum(-1)
     soft = temperature * temperature * weight
     loss = (1.0 - weight) * ce + soft * kl
-    grad = ((1.0 - weight) * (torch.exp(x - lse) - onehot.float())
-            + (temperature * weight) * (torch.exp(log_q) - p))
+    grad = (1.0 - weight) * hard_grad + (temperature * weight) * (torch.exp(log_q) - p)
     return loss, ce, hit, grad.to(logits.dtype)
 
 
