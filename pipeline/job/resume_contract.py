@@ -121,7 +121,8 @@ def leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _digest(parts: list[bytes]) -> str:
+def parts_digest(parts: list[bytes]) -> str:
+    """sha256 of ``parts``, each prefixed by its length (no two lists hash alike)."""
     h = hashlib.sha256()
     for part in parts:
         h.update(len(part).to_bytes(8, "little"))
@@ -132,7 +133,7 @@ def _digest(parts: list[bytes]) -> str:
 def target_config_digest(folder: Path) -> str:
     config = json.loads((folder / "config.json").read_text())
     model = {k: v for k, v in config.items() if k not in _FILE_FIELDS}
-    return _digest([json.dumps(model, sort_keys=True).encode()])
+    return parts_digest([json.dumps(model, sort_keys=True).encode()])
 
 
 def target_weights_digest(folder: Path) -> str:
@@ -146,15 +147,20 @@ def target_weights_digest(folder: Path) -> str:
             f.seek(max(0, size - _SAMPLE_BYTES))
             tail = f.read()
         parts += [path.name.encode(), str(size).encode(), head, tail]
-    return _digest(parts)
+    return parts_digest(parts)
+
+
+def file_parts(folder: Path, names: tuple[str, ...]) -> list[bytes]:
+    """Name and bytes of each of ``names`` present in ``folder``, for :func:`parts_digest`."""
+    parts = []
+    for name in names:
+        if (folder / name).is_file():
+            parts += [name.encode(), (folder / name).read_bytes()]
+    return parts
 
 
 def tokenizer_digest(folder: Path) -> str:
-    parts = []
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            parts += [name.encode(), (folder / name).read_bytes()]
-    return _digest(parts)
+    return parts_digest(file_parts(folder, TOKENIZER_FILES))
 
 
 BATCHING_KEYS = ("data.micro_batch_size", "data.buckets", "data.tokens_per_micro_batch",

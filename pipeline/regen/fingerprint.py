@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.job.resume_contract import target_config_digest, target_weights_digest
+from pipeline.job.resume_contract import (file_parts, parts_digest, target_config_digest,
+                                          target_weights_digest)
 
 KEY = "fingerprint"
 # Compared in this order: the first that differs is the one named.
@@ -30,11 +31,7 @@ _TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def _short(parts: list[bytes]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()[:DIGITS]
+    return parts_digest(parts)[:DIGITS]
 
 
 def _tokenizer_config(folder: Path) -> dict:
@@ -46,9 +43,7 @@ def target_identity(folder: Path) -> str:
     """The target's config and weights (as resumes of training identify them), its tokenizer
     and generation config; the chat template is apart (:func:`chat_template_identity`)."""
     parts = [target_config_digest(folder).encode(), target_weights_digest(folder).encode()]
-    for name in _TOKENIZER_FILES:
-        if (folder / name).is_file():
-            parts += [name.encode(), (folder / name).read_bytes()]
+    parts += file_parts(folder, _TOKENIZER_FILES)
     config = {k: v for k, v in _tokenizer_config(folder).items() if k != "chat_template"}
     parts.append(json.dumps(config, sort_keys=True).encode())
     return _short(parts)
@@ -57,10 +52,7 @@ def target_identity(folder: Path) -> str:
 def chat_template_identity(folder: Path) -> str:
     """The chat template's sources: its own files, and tokenizer_config.json's field."""
     parts = [json.dumps(_tokenizer_config(folder).get("chat_template")).encode()]
-    for name in _TEMPLATE_FILES:
-        if (folder / name).is_file():
-            parts += [name.encode(), (folder / name).read_bytes()]
-    return _short(parts)
+    return _short(parts + file_parts(folder, _TEMPLATE_FILES))
 
 
 def settings_of(target_path: str, enable_thinking: bool, max_new_tokens: int
