@@ -23,7 +23,7 @@ from ray.util.placement_group import (placement_group, placement_group_table,
 from pipeline.job.config import ClusterConfig
 from pipeline.eval.config import EvalConfig
 from pipeline.runtime.actor_pool import keep_groups, kept_groups
-from pipeline.driver.placement import resources_text, wait_placed
+from pipeline.driver.placement import actor_bundle, resources_text, wait_placed
 from pipeline.runtime.ray_start import Placement
 from pipeline.job.resolve import cluster_device
 
@@ -185,7 +185,7 @@ def node_groups(cfg: ClusterConfig, device: str, stages: int = 1) -> list[NodeGr
     drafters. Each group waits up to ``cluster.placement_timeout_s`` for room
     (:func:`placement.wait_placed`: what it waits for, every 30 s)."""
     per_node = cfg.bundles_per_node(stages)
-    bundle = _bundle(cfg, device)
+    bundle = actor_bundle(cfg, device)
     kept = kept_groups(_spec(cfg, device, stages))
     if kept is not None:
         return kept
@@ -209,17 +209,10 @@ def node_groups(cfg: ClusterConfig, device: str, stages: int = 1) -> list[NodeGr
     return sorted(groups, key=lambda g: g.node_id)
 
 
-def _bundle(cfg: ClusterConfig, device: str) -> dict[str, float]:
-    bundle = {"CPU": cfg.cpus_per_actor}
-    if device == "cuda":
-        bundle["GPU"] = cfg.gpus_per_actor
-    return bundle
-
-
 def _spec(cfg: ClusterConfig, device: str, stages: int) -> tuple:
     """What makes a job's placement groups fit another job (kept actors)."""
     return (cfg.num_nodes, cfg.bundles_per_node(stages),
-            tuple(sorted(_bundle(cfg, device).items())), cfg.placement_strategy)
+            tuple(sorted(actor_bundle(cfg, device).items())), cfg.placement_strategy)
 
 
 def remove_groups(groups: list[NodeGroup]) -> None:

@@ -54,14 +54,23 @@ class Ask:
         return resources_text({"CPU": self.cpus, "GPU": self.gpus})
 
 
+def actor_bundle(cfg: ClusterConfig, device: str) -> dict[str, float]:
+    """One actor's bundle, as the launcher places it: its CPUs, and its GPUs on CUDA."""
+    bundle = {"CPU": cfg.cpus_per_actor}
+    if device == "cuda":
+        bundle["GPU"] = cfg.gpus_per_actor
+    return bundle
+
+
 def job_asks(cfg: ClusterConfig, eval_cfg: EvalConfig, device: str,
              stages: int = 1) -> list[Ask]:
     """Everything the launcher asks Ray for, one entry per node-sized piece."""
     per_node = cfg.bundles_per_node(stages)
-    gpus = cfg.gpus_per_actor if device == "cuda" else 0.0
-    bundle = resources_text({"CPU": cfg.cpus_per_actor, "GPU": gpus})
-    asks = [Ask(f"node {n}'s placement group ({per_node} x {bundle}, kept on one node)",
-                per_node * cfg.cpus_per_actor, per_node * gpus) for n in range(cfg.num_nodes)]
+    bundle = actor_bundle(cfg, device)
+    gpus = bundle.get("GPU", 0.0)
+    asks = [Ask(f"node {n}'s placement group ({per_node} x {resources_text(bundle)}, kept on "
+                f"one node)", per_node * bundle["CPU"], per_node * gpus)
+            for n in range(cfg.num_nodes)]
     asks.append(Ask("the prefetcher", cfg.cpus_per_actor))
     if eval_cfg.off is None:
         asks.append(Ask("the tau evaluator", cfg.cpus_per_actor,
