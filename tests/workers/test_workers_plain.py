@@ -15,6 +15,16 @@ from pipeline.workers.target_worker import TargetWorker
 MASK_ID = 95  # the last row of the random target's vocabulary (tests/conftest.py)
 
 
+def _micro_batch() -> MicroBatch:
+    """Samples 5 and 9, 20 tokens each, supervised from position 6."""
+    ids = torch.randint(0, 90, (2, 20))
+    mask = torch.zeros_like(ids)
+    mask[:, 6:] = 1
+    meta = MicroBatchMeta(step=0, epoch=0, index=0, num_in_step=1, sample_ids=(5, 9),
+                          shape=(2, 20))
+    return MicroBatch(meta, ids, mask)
+
+
 def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
     options = DrafterConfig(num_layers=1, block_size=4, num_taps=2, mask_token_id=MASK_ID,
                             num_anchors=4)
@@ -36,12 +46,8 @@ def test_target_to_drafter_through_the_ring(random_target_dir, target_config):
     drafter.init_group(master.addr, master.port)
     try:
         drafter.attach([target.ring_handle()])
-        ids = torch.randint(0, 90, (2, 20))
-        mask = torch.zeros_like(ids)
-        mask[:, 6:] = 1
-        meta = MicroBatchMeta(step=0, epoch=0, index=0, num_in_step=1, sample_ids=(5, 9),
-                              shape=(2, 20))
-        batch = MicroBatch(meta, ids, mask)
+        batch = _micro_batch()
+        ids, mask = batch.input_ids, batch.loss_mask
         ready = target.produce(1, batch)
         assert ready.slot == 1 and ready.shape == (2, 20, spec.feature_size)
         assert ready.meta.on_main_thread
@@ -131,12 +137,8 @@ def test_a_distilling_drafter_gets_the_targets_final_normed_hidden(random_target
     drafter.init_group(master.addr, master.port)
     try:
         drafter.attach([target.ring_handle()])
-        ids = torch.randint(0, 90, (2, 20))
-        mask = torch.zeros_like(ids)
-        mask[:, 6:] = 1
-        meta = MicroBatchMeta(step=0, epoch=0, index=0, num_in_step=1, sample_ids=(5, 9),
-                              shape=(2, 20))
-        batch = MicroBatch(meta, ids, mask)
+        batch = _micro_batch()
+        ids, mask = batch.input_ids, batch.loss_mask
         ready = target.produce(0, batch)
         assert ready.shape == (2, 20, width)
         with torch.no_grad():
