@@ -27,6 +27,17 @@ def block_logits(drafter, head, features, ids, anchors, attention="sdpa"):
     return hidden @ head.lm_head.t()
 
 
+def scored_positions(anchors, ids, loss_mask, block_size):
+    """(row, block, anchor position, block position k) of every scored position, by the plain
+    rule: k >= 1, the block kept, token a + k in the row and supervised."""
+    for r in range(ids.shape[0]):
+        for j in range(anchors.num_blocks):
+            a = int(anchors.positions[r, j])
+            for k in range(1, block_size):
+                if anchors.keep[r, j] and a + k < ids.shape[1] and loss_mask[r, a + k]:
+                    yield r, j, a, k
+
+
 def fixed_anchors(*rows):
     pos = torch.tensor(rows)
     return Anchors(pos, torch.ones_like(pos, dtype=torch.bool))
@@ -111,17 +122,12 @@ def test_loss_equals_per_position_loop(drafter_setup, batch):
     logits = block_logits(drafter, head, features, ids, anchors)
     num = den = 0.0
     correct = torch.zeros(B)
-    for r in range(2):
-        for j in range(anchors.num_blocks):
-            a = int(anchors.positions[r, j])
-            for k in range(1, B):
-                if not anchors.keep[r, j] or a + k >= ids.shape[1] or not loss_mask[r, a + k]:
-                    continue
-                w = math.exp(-(k - 1) / objective.gamma)
-                lg = logits[r, j * B + k]
-                num += w * F.cross_entropy(lg[None], ids[r, a + k][None]).item()
-                den += w
-                correct[k] += float(lg.argmax() == ids[r, a + k])
+    for r, j, a, k in scored_positions(anchors, ids, loss_mask, B):
+        w = math.exp(-(k - 1) / objective.gamma)
+        lg = logits[r, j * B + k]
+        num += w * F.cross_entropy(lg[None], ids[r, a + k][None]).item()
+        den += w
+        correct[k] += float(lg.argmax() == ids[r, a + k])
     assert den > 0
     assert parts.numerator.item() == pytest.approx(num, rel=1e-5)
     assert parts.denominator.item() == pytest.approx(den, rel=1e-6)
@@ -200,20 +206,15 @@ def test_distilled_loss_equals_per_position_loop(drafter_setup, batch):
     logits = block_logits(drafter, head, taps, ids, anchors)
     lam, temp = 0.6, 2.0
     num = den = 0.0
-    for r in range(2):
-        for j in range(anchors.num_blocks):
-            a = int(anchors.positions[r, j])
-            for k in range(1, B):
-                if not anchors.keep[r, j] or a + k >= ids.shape[1] or not loss_mask[r, a + k]:
-                    continue
-                w = math.exp(-(k - 1) / objective.gamma)
-                lg = logits[r, j * B + k][None]
-                teacher = final[r, a + k - 1][None] @ head.lm_head.t()
-                ce = F.cross_entropy(lg, ids[r, a + k][None]).item()
-                kl = F.kl_div(F.log_softmax(lg / temp, -1), F.log_softmax(teacher / temp, -1),
-                              reduction="sum", log_target=True).item()
-                num += w * ((1 - lam) * ce + lam * temp ** 2 * kl)
-                den += w
+    for r, j, a, k in scored_positions(anchors, ids, loss_mask, B):
+        w = math.exp(-(k - 1) / objective.gamma)
+        lg = logits[r, j * B + k][None]
+        teacher = final[r, a + k - 1][None] @ head.lm_head.t()
+        ce = F.cross_entropy(lg, ids[r, a + k][None]).item()
+        kl = F.kl_div(F.log_softmax(lg / temp, -1), F.log_softmax(teacher / temp, -1),
+                      reduction="sum", log_target=True).item()
+        num += w * ((1 - lam) * ce + lam * temp ** 2 * kl)
+        den += w
     assert den > 0
     assert parts.numerator.item() == pytest.approx(num, rel=1e-5)
     assert parts.denominator.item() == pytest.approx(den, rel=1e-6)
