@@ -4,7 +4,9 @@
 # The demo assets are built once first (tests that need them would otherwise build them in
 # each process), under $DFLASH_ASSETS_DIR (default /tmp/gpuassets). Groups: the driver and
 # FSDP tests (the longest: real Ray jobs), the families, and everything else marked gpu.
-# Prints each group's last line and exits non-zero when any group failed or ran out of time.
+# Families and the rest are each dealt round-robin over TIER_SHARDS processes (default 2), so
+# five pytest processes share the GPU. Prints each process's last line and exits non-zero when
+# any failed or ran out of time.
 # TIER_GROUPS names a subset (e.g. "driver_fsdp rest") where device time is short; the
 # tier is green only with all three.
 # The GGUF tests need gguf and accelerate, which the GPU machine's image lacks: a tier without
@@ -21,11 +23,22 @@ python3 -c "from pipeline.assets.cache import ensure_tiny_assets; ensure_tiny_as
   >"$out/assets.log" 2>&1 || { tail -5 "$out/assets.log"; exit 1; }
 heavy="tests/gpu/test_driver_gpu.py tests/gpu/test_fsdp_gpu.py"
 families="tests/gpu/test_families_gpu.py"
-run() {  # name, pytest arguments...
+run() {  # log name, pytest arguments...
   local name=$1; shift
   timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfEs -m gpu "$@" \
     >"$out/tier_$name.log" 2>&1
   echo "rc=$?" >>"$out/tier_$name.log"
+}
+shards=${TIER_SHARDS:-2}
+sharded() {  # group name, pytest arguments: the group's test ids dealt over $shards processes
+  local name=$1; shift
+  python3 -m pytest -q -p no:cacheprovider --collect-only -m gpu "$@" 2>/dev/null \
+    | grep '::' >"$out/ids_$name.txt"
+  for ((k = 0; k < shards; k++)); do
+    mapfile -t ids < <(awk -v n="$shards" -v k="$k" '(NR - 1) % n == k' "$out/ids_$name.txt")
+    [ ${#ids[@]} -gt 0 ] && run "${name}_$k" "${ids[@]}" &
+  done
+  wait
 }
 groups=${TIER_GROUPS:-driver_fsdp families rest}
 for name in $groups; do  # every name checked before any group starts
@@ -37,15 +50,18 @@ done
 for name in $groups; do
   case $name in
   driver_fsdp) run driver_fsdp $heavy & ;;
-  families) run families $families & ;;
-  rest) run rest tests $(for f in $heavy $families; do echo "--ignore=$f"; done) & ;;
+  families) sharded families $families & ;;
+  rest) sharded rest tests $(for f in $heavy $families; do echo "--ignore=$f"; done) & ;;
   esac
 done
 wait
 status=0
-for name in $groups; do
-  log="$out/tier_$name.log"
-  echo "$name: $(grep -E 'passed|failed|error|skipped' "$log" | tail -1) $(tail -1 "$log")"
+for log in "$out"/tier_*.log; do
+  echo "$(basename "$log" .log): $(grep -E 'passed|failed|error|skipped' "$log" | tail -1)" \
+       "$(tail -1 "$log")"
   grep -q '^rc=0$' "$log" || status=1
+done
+for name in $groups; do  # a group whose ids could not be collected ran nothing
+  [ "$name" = driver_fsdp ] || [ -s "$out/ids_$name.txt" ] || { echo "$name: no tests collected"; status=1; }
 done
 exit $status
