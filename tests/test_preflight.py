@@ -3,17 +3,13 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from pipeline.driver.compose import compose_job
 from pipeline.driver.job import Driver
 from pipeline.checks.preflight import PreflightError, check_data_file, check_target_folder
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.driver.cli_run import refused_before_ray
 
 
 @pytest.fixture()
@@ -90,10 +86,5 @@ def test_train_cli_says_it_in_one_line(tiny_assets, tmp_path, overrides, line):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="", HOME=str(tmp_path),
                NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"))
-    proc = subprocess.run([sys.executable, "-m", "pipeline.train", *overrides,
-                           f"train.out_dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output[-3000:]
+    output = refused_before_ray(env, *overrides, f"train.out_dir={tmp_path / 'run'}")
     assert [text for text in output.splitlines() if line in text], output[-3000:]
-    assert "Traceback" not in output and "Ray" not in output, output[-3000:]

@@ -5,12 +5,9 @@ to anything beyond this machine: servers are local threads or closed local ports
 import base64
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +15,8 @@ from pipeline.runtime import wandb_env
 from pipeline.job.config import LoggerConfig
 from pipeline.checks.preflight import PreflightError
 from pipeline.runtime.wandb_env import check_wandb, wandb_init_switches
+from tests.driver.cli_run import refused_before_ray
 
-ROOT = Path(__file__).resolve().parents[1]
 
 KEY = "0123456789abcdef0123456789abcdef01234567"
 
@@ -202,11 +199,6 @@ def test_train_cli_stops_before_ray_when_wandb_cannot_be_reached(tiny_assets, tm
     env.update(DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="", HOME=str(tmp_path),
                NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
                WANDB_API_KEY=KEY, WANDB_BASE_URL=f"http://127.0.0.1:{_closed_port()}")
-    proc = subprocess.run([sys.executable, "-m", "pipeline.train", "logger=wandb",
-                           f"train.out_dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output[-3000:]
+    output = refused_before_ray(env, "logger=wandb", f"train.out_dir={tmp_path / 'run'}")
     lines = [line for line in output.splitlines() if "cannot be reached" in line]
     assert len(lines) == 1 and "WANDB_MODE=offline" in lines[0], output[-3000:]
-    assert "Traceback" not in output and "Ray" not in output, output[-3000:]

@@ -5,8 +5,6 @@ safetensors file cut short or damaged is one line naming it, before Ray starts, 
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,7 @@ from pipeline.assets import gguf as gguf_mod
 from pipeline.assets import resolve_target_path
 from pipeline.assets.integrity import BrokenModelFile, check_gguf
 from pipeline.checks.preflight import PreflightError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.driver.cli_run import refused_before_ray
 
 
 def _cut(src: Path, dst: Path, keep: int) -> Path:
@@ -182,10 +179,6 @@ def test_the_driver_and_regenerate_stop_on_a_cut_target(cut_target, tiny_assets,
 def test_train_cli_says_it_in_one_line_before_ray(cut_target, tiny_assets, tmp_path):
     folder, line = cut_target
     env = dict(os.environ, DFLASH_ASSETS_DIR=tiny_assets.root, RAY_ADDRESS="")
-    proc = subprocess.run([sys.executable, "-m", "pipeline.train", f"target.path={folder}",
-                           f"train.out_dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output[-3000:]
+    output = refused_before_ray(env, f"target.path={folder}",
+                                f"train.out_dir={tmp_path / 'run'}")
     assert [text for text in output.splitlines() if line in text], output[-3000:]
-    assert "Traceback" not in output and "Ray" not in output, output[-3000:]

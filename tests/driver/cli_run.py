@@ -2,6 +2,8 @@
 pytest collects nothing here)."""
 
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,3 +53,14 @@ def exact_epochs(text, last_epoch):
     for epoch, trained, expected, missing, repeated in lines:
         assert trained == expected and missing == repeated == "0", (epoch, text[-3000:])
     return [(int(e), int(t), int(x)) for e, t, x, _, _ in lines]
+
+
+def refused_before_ray(env, *overrides, timeout_s=300):
+    """Run ``python -m pipeline.train OVERRIDES`` and assert it was refused as a check refuses:
+    exit 2, no traceback, and Ray never mentioned (so never started). Returns the output."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.train", *overrides], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and "Ray" not in output, output[-3000:]
+    return output

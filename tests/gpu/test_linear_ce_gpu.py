@@ -42,6 +42,20 @@ def inputs(rows, vocab, dtype, device, seed):
     return hidden, weight, labels, weights
 
 
+def blocks_batch(n, q_len, block_size, vocab, device, seed, hit_every, share):
+    """Block-shaped bf16 rows: every ``hit_every``-th label at the argmax (hits neither all nor
+    none), a ``share`` of positions supervised, anchors (each block's first) never."""
+    torch.manual_seed(seed)
+    hidden = torch.randn(n, q_len, HIDDEN, device=device, dtype=torch.bfloat16)
+    _, weight, _, _ = inputs(1, vocab, torch.bfloat16, device, seed=1)
+    labels = torch.randint(0, vocab, (n, q_len), device=device)
+    top = hidden[:, ::hit_every].float() @ weight.float().t()
+    labels[:, ::hit_every] = top.argmax(-1)
+    supervised = torch.rand(n, q_len, device=device) < share
+    supervised[:, ::block_size] = False
+    return hidden, weight, labels, supervised
+
+
 def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -110,13 +124,8 @@ def test_chunked_loss_with_dpace_matches_reference(device, sizes):
     vocab, chunk, _ = sizes
     n, blocks, block_size = 3, 40, 8
     q_len = blocks * block_size
-    torch.manual_seed(2)
-    hidden = torch.randn(n, q_len, HIDDEN, device=device, dtype=torch.bfloat16)
-    _, weight, _, _ = inputs(1, vocab, torch.bfloat16, device, seed=1)
-    labels = torch.randint(0, vocab, (n, q_len), device=device)
-    labels[:, ::2] = (hidden[:, ::2].float() @ weight.float().t()).argmax(-1)
-    supervised = torch.rand(n, q_len, device=device) < 0.9
-    supervised[:, ::block_size] = False
+    hidden, weight, labels, supervised = blocks_batch(n, q_len, block_size, vocab, device,
+                                                      seed=2, hit_every=2, share=0.9)
     ours_h = hidden.clone().requires_grad_(True)
     ref_h = hidden.clone().requires_grad_(True)
     parts = chunked_loss(ours_h, weight, labels, supervised.float(), supervised, block_size,
@@ -138,13 +147,8 @@ def test_chunked_loss_matches_reference_per_position(device, sizes):
     vocab, chunk, _ = sizes
     n, blocks, block_size = 3, 40, 8
     q_len = blocks * block_size
-    torch.manual_seed(0)
-    hidden = torch.randn(n, q_len, HIDDEN, device=device, dtype=torch.bfloat16)
-    _, weight, _, _ = inputs(1, vocab, torch.bfloat16, device, seed=1)
-    labels = torch.randint(0, vocab, (n, q_len), device=device)
-    labels[:, ::3] = (hidden[:, ::3].float() @ weight.float().t()).argmax(-1)
-    supervised = torch.rand(n, q_len, device=device) < 0.7
-    supervised[:, ::block_size] = False  # anchors are never scored
+    hidden, weight, labels, supervised = blocks_batch(n, q_len, block_size, vocab, device,
+                                                      seed=0, hit_every=3, share=0.7)
     weights = torch.rand(n, q_len, device=device) * supervised
     ours_h = hidden.clone().requires_grad_(True)
     ref_h = hidden.clone().requires_grad_(True)
