@@ -17,7 +17,8 @@ Speculators on the same target, data and GPU, for the same minutes.
    inverse of speculators' converter) and decoded by the one decoder
    (bench/quality/reference_decode.py) on HumanEval and the held-out set, with the lossless
    check against the target's greedy decoding;
-3. ``OUT/peers.json`` (every figure, command and version) and ``OUT/peers.png``.
+3. ``OUT/peers.json`` (every figure, command and version), ``OUT/peers.png``, and
+   ``OUT/peers.md`` (the table and the goals, bench/peers_steps/table.py).
 
 The peers run from their PyPI wheels in an environment beside the project's
 (bench/peers_steps/env.py). A peer that cannot run on this machine is skipped with its reason,
@@ -47,6 +48,7 @@ from bench.peers_steps.plot import plot
 from bench.peers_steps.race import race
 from bench.peers_steps.runs import runs, select
 from bench.peers_steps.scale import SCALES
+from bench.peers_steps.table import markdown
 from bench.real_model_steps import Work, run_stage
 
 log = logging.getLogger("bench.peers")
@@ -172,6 +174,7 @@ def run(scale, chosen, out: Path, w: Work, args) -> int:
         result["runs"] = state["runs"]
         _save(w, state)
         (out / "peers.json").write_text(json.dumps(result, indent=2, default=str))
+        (out / "peers.md").write_text(markdown(result))
         if result.get("runs"):
             plot(result, out / "peers.png")
     print(json.dumps({n: {k: r.get(k) for k in ("status", "tau_humaneval", "tau_explain",

@@ -241,6 +241,15 @@ def ray_session(request, ray_cluster):
     ray.cloudpickle.unregister_pickle_by_value(request.module)
 
 
+@pytest.fixture()
+def gpus_free(ray_session):
+    """Ray with no kept actors: the kept placement groups of earlier jobs in this process hold
+    GPU shares, and a test that places GPU actors of its own would wait for them forever."""
+    from pipeline.runtime.actor_pool import drop_kept_actors
+
+    drop_kept_actors()
+
+
 @pytest.fixture(scope="session")
 def small_train_file(tiny_assets, tmp_path_factory):
     """The first 24 conversations of the demo data: enough for a few steps, fast to load."""

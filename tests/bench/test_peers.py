@@ -50,6 +50,8 @@ def test_tiny_race_gives_every_cpu_trainer_a_decoded_tau(race):
     assert done.returncode == 0, output[-4000:]
     result = json.loads((tmp / "out" / "peers.json").read_text())
     assert set(result["runs"]) == set(RUNS)
+    table = (tmp / "out" / "peers.md").read_text()
+    assert all(f"| {name} |" in table for name in RUNS), table
     assert result["versions"]["nvidia-modelopt"] == "0.47.0"
     assert result["versions"]["speculators"] == "0.9.0"
     assert result["train_samples"] == 16 and result["notes"]

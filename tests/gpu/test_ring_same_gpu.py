@@ -98,7 +98,7 @@ class Consumer:
 
 
 @pytest.fixture()
-def pair(ray_session, device):
+def pair(gpus_free, device):
     if device == "cuda":
         gpus = ray.cluster_resources().get("GPU", 0)
         assert gpus >= 1, f"the test Ray cluster sees {gpus} GPUs: ray.init must autodetect them"

@@ -214,7 +214,7 @@ def test_checker_catches_a_slot_overwritten_before_its_ack(actors):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_every_sample_arrives_intact_between_two_gpus(ray_session):
+def test_every_sample_arrives_intact_between_two_gpus(gpus_free):
     options = {"num_gpus": 1}
     producer = ray.remote(PatternProducer).options(**options).remote(0, "cuda")
     consumer = ray.remote(CheckingConsumer).options(**options).remote(0, "cuda")

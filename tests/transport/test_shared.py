@@ -73,7 +73,7 @@ def test_cpu_buffer_is_shared_between_ray_actors(ray_session):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_cuda_buffer_is_shared_between_actors_on_two_gpus(ray_session):
+def test_cuda_buffer_is_shared_between_actors_on_two_gpus(gpus_free):
     _check_shared_between_actors("cuda", {"num_gpus": 1})
 
 
