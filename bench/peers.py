@@ -80,7 +80,8 @@ NOTES = [
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="peers.json, peers.png, the data tarball")
+    p.add_argument("--out", help="peers.json, peers.png, peers.md, the data tarball (required "
+                   "but with --install-peers)")
     p.add_argument("--work", default="/tmp/peers", help="large files: target, data, runs")
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--budget-min", type=float, help="training minutes per run (scale's)")
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         _, why = peers_env_mod.peers_env(allow_install=True)
         print(why or "the peers import")
         return 0 if why is None else 1
+    if args.out is None:
+        p.error("the following arguments are required: --out")
     scale = SCALES[args.scale].with_sizes(budget_min=args.budget_min,
                                          stop_after_min=args.stop_after_min)
     out, work = Path(args.out).resolve(), Path(args.work).resolve()

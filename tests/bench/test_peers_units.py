@@ -72,3 +72,15 @@ def test_lossless_compares_over_the_targets_length():
                                          "first_divergence_at_token": None}
     off = [Decoded(tokens=[1, 2, 3]), Decoded(tokens=[4, 7, 6])]
     assert lossless(off, plain, 3)["first_divergence_at_token"] == 1
+
+
+def test_out_is_required_except_for_the_install_alone(capsys, monkeypatch):
+    from bench import peers
+    from bench.peers_steps import env
+
+    with pytest.raises(SystemExit) as stop:
+        peers.main(["--scale", "tiny"])
+    assert stop.value.code == 2 and "required: --out" in capsys.readouterr().err
+    monkeypatch.setattr(env, "peers_env", lambda allow_install: ({}, None))
+    assert peers.main(["--install-peers"]) == 0
+    assert capsys.readouterr().out.strip() == "the peers import"
