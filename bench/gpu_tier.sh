@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU tier on one machine, in three pytest processes at once, each log kept under $OUT:
+# The GPU tier on one machine, in five pytest processes at once, each log kept under $OUT:
 #   OUT=/tmp/tier bash bench/gpu_tier.sh [seconds per group, default 480]
 # The demo assets are built once first (tests that need them would otherwise build them in
 # each process), under $DFLASH_ASSETS_DIR (default /tmp/gpuassets). Groups: the driver and
 # FSDP tests (the longest: real Ray jobs), the families, and everything else marked gpu.
 # Families and the rest are each dealt round-robin over TIER_SHARDS processes (default 2), so
-# five pytest processes share the GPU. Prints each process's last line and exits non-zero when
-# any failed or ran out of time.
+# five pytest processes share the GPU. A test that ran out of GPU memory there (a neighbour
+# process can hold most of an 80 GB card: 55 GiB was seen) runs again alone afterwards, in
+# tier_alone.log; out of memory alone still fails. Prints each
+# process's last line and exits non-zero when any failed or ran out of time.
 # TIER_GROUPS names a subset (e.g. "driver_fsdp rest") where device time is short; the
 # tier is green only with all three.
 # The GGUF tests need gguf and accelerate, which the GPU machine's image lacks: a tier without
@@ -55,11 +57,26 @@ for name in $groups; do
   esac
 done
 wait
+again=()  # the failed tests of every process that ran out of GPU memory
+for log in "$out"/tier_*.log; do
+  grep -q OutOfMemoryError "$log" || continue
+  mapfile -t failed < <(sed -n 's/^FAILED \([^ ]*\).*/\1/p' "$log")
+  again+=("${failed[@]}")
+done
+[ ${#again[@]} -gt 0 ] && run alone "${again[@]}"
 status=0
 for log in "$out"/tier_*.log; do
   echo "$(basename "$log" .log): $(grep -E 'passed|failed|error|skipped' "$log" | tail -1)" \
        "$(tail -1 "$log")"
-  grep -q '^rc=0$' "$log" || status=1
+  grep -q '^rc=0$' "$log" && continue
+  # excused only where every failure ran again alone and passed (no timeout, no error)
+  if [ "$(basename "$log")" != tier_alone.log ] && grep -q OutOfMemoryError "$log" \
+     && grep -q '^rc=1$' "$log" && ! grep -q '^ERROR ' "$log" \
+     && grep -q '^rc=0$' "$out/tier_alone.log" 2>/dev/null; then
+    echo "  (its failures passed alone: tier_alone.log)"
+    continue
+  fi
+  status=1
 done
 for name in $groups; do  # a group whose ids could not be collected ran nothing
   [ "$name" = driver_fsdp ] || [ -s "$out/ids_$name.txt" ] || { echo "$name: no tests collected"; status=1; }
