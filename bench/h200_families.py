@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import threading
 import time
 from pathlib import Path
 
+from bench.card import GpuMemory
 from bench.scale.result import failed_parts, open_result
 
 # The published config.json of each checkpoint named, every layer kept.
@@ -77,34 +76,6 @@ def build(model_type: str, out: Path) -> dict:
     return {**info, "build_s": time.perf_counter() - t0}
 
 
-class GpuMemory:
-    """The highest GPU memory in use while open, sampled by nvidia-smi every half second;
-    ``peak_gb`` stays None when no sample could be read (no figure rather than 0)."""
-
-    def __init__(self) -> None:
-        self.peak_gb: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
-                                       "--format=csv,noheader,nounits"], capture_output=True,
-                                      text=True, check=True).stdout.split()
-            except (OSError, subprocess.CalledProcessError):
-                return
-            self.peak_gb = max(self.peak_gb or 0.0, float(used[0]) / 1024)
-
-    def __enter__(self) -> "GpuMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def run_family(model_type: str, work: Path, out: Path, steps: int) -> dict:
     from bench.scale.pipeline import run_pipeline
 
@@ -122,8 +93,9 @@ def run_family(model_type: str, work: Path, out: Path, steps: int) -> dict:
                                    target_compile=compiled, drafter_compile="off", extra=extra)
             if "error" not in run:
                 break
+        peak = memory.peak_mib()
         return {**run, "shape": SHAPES[model_type][0], **built, "target_compiled": compiled,
-                "peak_mem_gb": memory.peak_gb}
+                "peak_mem_gb": None if peak is None else peak / 1024}
     finally:
         shutil.rmtree(target, ignore_errors=True)
 

@@ -4,7 +4,8 @@ about once a second, and a stop (SIGINT, as Ctrl-C) at its budget.
 Every trainer is timed by the same clock (``time.time()`` in this process, the wall clock the
 pipeline's metrics.jsonl also writes), from its launch: the time to its first step, the marks
 at which checkpoints count, and the stop. Peak GPU memory of a subprocess is not reachable
-through torch from here: NVML's device memory in use, less what was in use before the launch.
+through torch from here: the device memory in use (bench/card.py), less what was in use before
+the launch.
 """
 
 from __future__ import annotations
@@ -21,50 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from bench.card import GpuMemory
 from bench.quality.proc import REPO_ROOT, threads_each
 
 log = logging.getLogger(__name__)
 _GRACE_S = 60.0  # after the stop signal: a peer saves its interrupted checkpoint then
-
-
-class GpuMemory:
-    """Device memory in use (MiB), sampled every ``period_s`` on a thread; nothing on CPU."""
-
-    def __init__(self, period_s: float = 1.0):
-        self.period_s, self.samples = period_s, []
-        self._stop = threading.Event()
-        self._handle = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # no NVML (CPU machine): no figure
-            self._handle = None
-        self.baseline = self._used()
-
-    def _used(self) -> Optional[float]:
-        if self._handle is None:
-            return None
-        return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
-
-    def __enter__(self) -> "GpuMemory":
-        if self._handle is not None:
-            threading.Thread(target=self._loop, daemon=True).start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.samples.append(self._used())
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-
-    def peak_mib(self) -> Optional[float]:
-        if self._handle is None or not self.samples:
-            return None
-        return round(max(self.samples) - (self.baseline or 0.0), 1)
 
 
 @dataclass
@@ -104,7 +66,7 @@ def run_watched(name: str, cmd: list[str], log_path: Path, env: dict,
     env.setdefault("OMP_NUM_THREADS", str(threads_each(1)))
     w = Watched(name, time.time())
     log.info("%s: %s (log %s)", name, " ".join(cmd), log_path)
-    with open(log_path, "w") as sink, GpuMemory() as mem:
+    with open(log_path, "w") as sink, GpuMemory(period_s=1.0) as mem:
         popen = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, errors="replace",
                                  start_new_session=True)
@@ -131,7 +93,7 @@ def run_watched(name: str, cmd: list[str], log_path: Path, env: dict,
             time.sleep(0.2)
         reader.join(timeout=10)
         w.returncode, w.ended = popen.returncode, time.time()
-    w.peak_gpu_mib = mem.peak_mib()
+    w.peak_gpu_mib = mem.peak_added_mib()
     level = logging.INFO if w.returncode == 0 or w.stopped_at_budget else logging.WARNING
     log.log(level, "%s: exit %s after %.1f s", name, w.returncode, w.ended - w.launched)
     return w
