@@ -209,7 +209,7 @@ def export(scale: RealScale, w: Work, result: dict) -> dict:
     """The pipeline's export decoded apart, on HumanEval and on the held-out explain set."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from bench.quality.reference_decode import decode
+    from bench.quality.reference_decode import acceptance, decode
     from pipeline.eval.tau import heldout_prompts
 
     folder, export_dir = result["target_folder"], w.run_dir("pipeline") / "export"
@@ -225,22 +225,12 @@ def export(scale: RealScale, w: Work, result: dict) -> dict:
         ids = heldout_prompts(str(w.data(name)), tokenizer, scale.eval_prompts)
         decoded = [decode(target, draft, p, scale.eval_max_new_tokens, tokenizer.eos_token_id)
                    for p in ids]
-        figures[name] = _acceptance(decoded, scale.block_size)
+        figures[name] = acceptance(decoded, scale.block_size)
     log.info("export decoded apart: %s", figures)
     return {"tau_humaneval_reference_code": figures["humaneval"]["tau"],
             "tau_second_heldout": figures["explain"]["tau"],
             "tau_per_position": {k: v["accepted_at_position"] for k, v in figures.items()},
             "second_heldout": "held-out modules' explain prompts (bench/real_model_prompts.py)"}
-
-
-def _acceptance(decoded, block_size: int) -> dict:
-    """tau, and per block position k the share of rounds that accepted at least k drafts."""
-    rounds = [n for d in decoded for n in d.accepted]
-    tau = sum(n + 1 for n in rounds) / len(rounds) if rounds else None
-    share = [round(sum(n >= k for n in rounds) / len(rounds), 4) if rounds else None
-             for k in range(1, block_size)]
-    return {"tau": round(tau, 4) if tau else None, "rounds": len(rounds),
-            "accepted_at_position": share}
 
 
 def recipes(scale: RealScale, w: Work, result: dict) -> dict:

@@ -43,15 +43,6 @@ def greedy(target, prompt: list[int], max_new_tokens: int, eos: int | None) -> l
     return out
 
 
-def acceptance(decoded, block_size: int) -> dict:
-    rounds = [n for d in decoded for n in d.accepted]
-    tau = sum(n + 1 for n in rounds) / len(rounds) if rounds else None
-    share = [round(sum(n >= k for n in rounds) / len(rounds), 4) if rounds else None
-             for k in range(1, block_size)]
-    return {"tau": None if tau is None else round(tau, 4), "rounds": len(rounds),
-            "accepted_at_position": share}
-
-
 def lossless(decoded, plain: list[list[int]], max_new_tokens: int) -> dict:
     """Each decoded answer against the target's own, over the target's length (a last round
     may accept past ``max_new_tokens``; both stop at the end-of-turn token)."""
@@ -70,7 +61,7 @@ def lossless(decoded, plain: list[list[int]], max_new_tokens: int) -> dict:
 def run(spec: dict) -> dict:
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from bench.quality.reference_decode import decode
+    from bench.quality.reference_decode import acceptance, decode
     from pipeline.eval.tau import heldout_prompts
 
     device = spec["device"]

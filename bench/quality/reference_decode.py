@@ -93,6 +93,16 @@ def tau(results: Sequence[Decoded]) -> float:
     return sum(rounds) / len(rounds) if rounds else float("nan")
 
 
+def acceptance(results: Sequence[Decoded], block_size: int) -> dict:
+    """tau (None without a round), the rounds, and per block position k the share of rounds
+    that accepted at least k drafts."""
+    rounds = [n for r in results for n in r.accepted]
+    share = [round(sum(n >= k for n in rounds) / len(rounds), 4) if rounds else None
+             for k in range(1, block_size)]
+    return {"tau": round(tau(results), 4) if rounds else None, "rounds": len(rounds),
+            "accepted_at_position": share}
+
+
 def export_tau(target_dir: str, export_dir: str, heldout_path: str, prompts: int,
                max_new_tokens: int, device: str, dtype: torch.dtype = torch.bfloat16,
                enable_thinking: bool = True) -> float:

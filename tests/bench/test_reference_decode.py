@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from bench.quality.reference_decode import decode, tau
+from bench.quality.reference_decode import Decoded, acceptance, decode, tau
 from pipeline.eval.speculative import DrafterProposer, acceptance_length, speculative_generate
 from pipeline.model.config import DrafterConfig, build_drafter_spec
 from pipeline.model.drafter import DFlashDrafter
@@ -52,3 +52,11 @@ def test_export_decoded_with_its_cache_drafts_as_the_evaluator(family_target, mo
         assert theirs[-1].accepted == ours[-1].accepted
         assert theirs[-1].tokens[:new] == greedy_tokens(target, prompt, new)  # lossless
     assert tau(theirs) == acceptance_length(ours)
+
+
+def test_acceptance_counts_rounds_and_the_share_reaching_each_position():
+    decoded = [Decoded(accepted=[0, 3, 1]), Decoded(accepted=[3])]
+    got = acceptance(decoded, block_size=4)
+    assert got == {"tau": 2.75, "rounds": 4, "accepted_at_position": [0.75, 0.5, 0.5]}
+    assert acceptance([Decoded()], block_size=4) == {
+        "tau": None, "rounds": 0, "accepted_at_position": [None, None, None]}
