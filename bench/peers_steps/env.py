@@ -89,8 +89,8 @@ def peers_env(allow_install: bool, site: Optional[Path] = None) -> tuple[dict, O
     site = site or Path(os.environ.get("DFLASH_PEERS_SITE") or default_site())
     if not site.exists():
         if not allow_install:
-            return base, (f"the peers are not installed (run python -m bench.peers "
-                          f"--install-peers, or carry their wheels: bench/peers.py)")
+            return base, ("the peers are not installed (run python -m bench.peers "
+                          "--install-peers, or carry their wheels: bench/peers.py)")
         try:
             install(site)
         except (subprocess.CalledProcessError, OSError) as e:

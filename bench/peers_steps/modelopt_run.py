@@ -44,8 +44,8 @@ def train(run: Run, ctx: Ctx) -> dict:
     run_dir = ctx.run_dir(run)
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec(run, ctx), indent=2))
+    spec_path, wanted = run_dir / "spec.json", spec(run, ctx)
+    spec_path.write_text(json.dumps(wanted, indent=2))
     cmd = python("-m", "bench.peers_steps.modelopt_train", "--spec", str(spec_path))
 
     def first_step(w: Watched):
@@ -64,7 +64,7 @@ def train(run: Run, ctx: Ctx) -> dict:
         shutil.move(e["dir"], out)
         marks[e["mark"]] = {"step": e["step"], "time": e["time"], "dir": str(out)}
     recipe = w.first(r"^PEERRECIPE (\{.*\})")
-    return {"command": cmd, "spec": spec(run, ctx), "watched": w, "points": points(w),
+    return {"command": cmd, "spec": wanted, "watched": w, "points": points(w),
             "marks": marks, "resolved": json.loads(recipe[1].group(1)) if recipe else None}
 
 

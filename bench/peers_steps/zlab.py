@@ -19,6 +19,7 @@ is named before it is decoded.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -40,18 +41,11 @@ def finish(folder: Path) -> dict:
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     shutil.copyfile(MODELING_FILE, folder / MODELING_FILE.name)
     verify_export(folder)
-    params = sum(_numel(shape) for shape in expected_tensors(config).values())
+    params = sum(math.prod(map(int, shape)) for shape in expected_tensors(config).values())
     return {"parameters": params, "block_size": config["block_size"],
             "num_layers": config["num_hidden_layers"],
             "target_layer_ids": config["dflash_config"]["target_layer_ids"],
             "mask_token_id": config["dflash_config"]["mask_token_id"]}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def from_speculators(src: Path, dst: Path, num_target_layers: int) -> Path:
