@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from bench.peers_steps.samples import encoded_samples
+
 # TrainingArguments fields of the recipe that are ModelOpt's own extensions, not HF's.
 _SPEC_ONLY = ("training_seq_len", "estimate_ar", "ar_validate_steps", "answer_only_loss",
               "cp_size", "dp_shard_size")
@@ -33,19 +35,6 @@ def recipe_path() -> Path:
     import modelopt_recipes
 
     return Path(modelopt_recipes.__file__).parent / "general/speculative_decoding/dflash.yaml"
-
-
-def encoded_samples(tokenizer, train_path: str, seq_len: int) -> list[dict]:
-    """The answers as the pipeline encodes them, cut to ``seq_len``, as Trainer rows."""
-    from pipeline.data.encode import encode_conversation
-
-    rows = []
-    for line in Path(train_path).read_text().splitlines():
-        messages = json.loads(line)["messages"]
-        for ids, mask in encode_conversation(tokenizer, messages, seq_len):
-            if sum(mask):
-                rows.append({"input_ids": ids, "loss_mask": mask})
-    return rows
 
 
 class PaddedCollator:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.peers_steps.common import Checkpoint, Ctx, Point, pick, steady_rates
 from bench.peers_steps.runs import Run
+from bench.peers_steps.samples import encoded_samples
 from bench.peers_steps.watch import Watched, python, run_watched
 from bench.peers_steps.zlab import from_speculators
 
@@ -54,8 +55,6 @@ def prepare(ctx: Ctx) -> Path:
     loss_mask from the pipeline's encoding): its documented path without a render server."""
     from transformers import AutoTokenizer
 
-    from pipeline.data.encode import encode_conversation
-
     root = ctx.work.path("speculators")
     rows_path, dataset = root / "rows.jsonl", root / "dataset"
     if (dataset / "dataset_info.json").exists():
@@ -64,10 +63,8 @@ def prepare(ctx: Ctx) -> Path:
     tok = AutoTokenizer.from_pretrained(ctx.target)
     seq = ctx.scale.data.max_length
     with open(rows_path, "w") as f:
-        for line in ctx.work.data("train").read_text().splitlines():
-            for ids, mask in encode_conversation(tok, json.loads(line)["messages"], seq):
-                if sum(mask):
-                    f.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+        for row in encoded_samples(tok, str(ctx.work.data("train")), seq):
+            f.write(json.dumps(row) + "\n")
     cmd = python("-m", "speculators", "prepare-data", "--model", ctx.target, "--data",
                  str(rows_path), "--output", str(dataset), "--seq-length", str(seq),
                  "--num-preprocessing-workers", "1")
