@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from bench.run_log import last_line
+from pipeline.runtime.diskfull import write_atomic
 
 log = logging.getLogger("bench.eval_beside_training")
 
@@ -133,7 +134,7 @@ def run_trainer(args) -> None:
            "phases": {}}
     _wait(work / "eval_ready")  # the evaluator's build and warm-up never overlap a timed phase
     out["phases"]["alone"] = _figures([step() for _ in range(args.steps)])
-    (work / "trainer.json").write_text(json.dumps(out))
+    write_atomic(work / "trainer.json", json.dumps(out))
     for duty in args.duties:
         (work / f"go_{duty}").write_text("")
         _wait(work / f"started_{duty}")
@@ -141,7 +142,7 @@ def run_trainer(args) -> None:
         (work / f"stop_{duty}").write_text("")
         _wait(work / f"stopped_{duty}")
         out["phases"][f"beside_duty_{duty}"] = _figures(times)
-        (work / "trainer.json").write_text(json.dumps(out))
+        write_atomic(work / "trainer.json", json.dumps(out))
 
 
 # ---- the evaluator -------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def run_evaluator(args) -> None:
         result[str(duty)] = {"passes_over_prompts": done[0], "rounds": done[1],
                              "seconds": time.perf_counter() - t0}
         (work / f"stopped_{duty}").write_text("")
-    (work / "evaluator.json").write_text(json.dumps(result))
+    write_atomic(work / "evaluator.json", json.dumps(result))
 
 
 # ---- the driver ----------------------------------------------------------------------------
