@@ -8,6 +8,7 @@ Speculators on the same target, data and GPU, for the same minutes.
     python -m bench.peers --scale gpu --out OUT2 --work /tmp/peers --resume --from OUT \
         --stop-after-min 9
     python -m bench.peers --scale tiny --out /tmp/p_out --work /tmp/p_work   # CPU, minutes
+    python -m bench.peers --scale tiny --device cuda --out OUT --work /tmp/p_work  # GPU smoke
 
 1. data, once: bench/real_model.py's convert, prompts and data stages (SmolLM2-135M-Instruct
    from its GGUF, its own greedy answers, HumanEval's prompts and the held-out explain set);
@@ -47,6 +48,7 @@ from bench.peers_steps.common import Ctx
 from bench.peers_steps.plot import plot
 from bench.peers_steps.race import race
 from bench.peers_steps.runs import runs, select
+from bench.peers_steps.samples import SampleSet, encoded_samples
 from bench.peers_steps.scale import SCALES
 from bench.peers_steps.table import markdown
 from bench.real_model_steps import Work, run_stage
@@ -58,8 +60,10 @@ _DATA_FILES = ("train", "humaneval", "explain")
 NOTES = [
     "Each trainer alone on the device; budget = training minutes after its first step; "
     "gpu_min of a mark = minutes from the trainer's launch (start-up included).",
-    "Same answers for all: the pipeline's tokenization and loss masks "
-    "(pipeline/data/encode.py) feed ModelOpt's Trainer and speculators' prepare-data.",
+    "Same samples for all: the pipeline's sample set (its ChatDataset: tokenization, loss "
+    "masks, at least two blocks supervised within its max_length), each cut to the trainer's "
+    "sequence length, feeds ModelOpt's Trainer and speculators' prepare-data "
+    "(bench/peers_steps/samples.py); trained_samples counts it.",
     "ModelOpt: its dflash.yaml recipe through its Python API and transformers.Trainer; the "
     "mask token pinned to the pipeline's (SmolLM2 has none); our shape also gives the draft "
     "the target's layer widths (its default DFlash config keeps Qwen3Config's 32 heads of 128 "
@@ -89,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="go on from --work's state.json")
     p.add_argument("--from", dest="seed", help="an earlier --out to seed an empty --work")
     p.add_argument("--runs", nargs="+", help="only these runs (default: all)")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="every stage and trainer on this device (default: the scale's; tiny "
+                   "on cuda tries each peer's GPU path in minutes)")
     p.add_argument("--gguf", help="the target's GGUF file (default: the scale's)")
     p.add_argument("--humaneval", help="HumanEval.jsonl(.gz) (default: the scale's; tiny: a "
                    "stand-in of four tasks in its form where that file is absent)")
@@ -111,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("the following arguments are required: --out")
     scale = SCALES[args.scale].with_sizes(budget_min=args.budget_min,
                                          stop_after_min=args.stop_after_min)
+    if (args.device or scale.data.device) == "cuda" and not _has_cuda():
+        p.exit(2, f"{p.prog}: error: --scale {scale.name}"
+                  f"{' --device cuda' if args.device else ''} runs on CUDA, and this machine has "
+                  "no CUDA device: --device cpu, or --scale tiny\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     if work.exists() and any(work.iterdir()) and not (work / _MARKER).exists():
         p.exit(2, f"{p.prog}: error: --work {work} exists and was not made by this script\n")
@@ -126,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     humaneval = args.humaneval
     if humaneval is None and scale.name == "tiny" and not Path(scale.data.humaneval).exists():
         humaneval = str(_stand_in_humaneval(work))
-    scale = scale.with_sizes(data=scale.data.with_sizes(gguf=args.gguf, humaneval=humaneval,
-                                                        prompts_dir=args.prompts))
+    scale = scale.with_sizes(data=scale.data.with_sizes(
+        gguf=args.gguf, humaneval=humaneval, prompts_dir=args.prompts, device=args.device,
+        cluster_device=args.device))
     out.mkdir(parents=True, exist_ok=True)
     logging.getLogger().addHandler(logging.FileHandler(out / "peers.log", "a"))
     return run(scale, chosen, out, Work(work), args)
@@ -157,7 +169,8 @@ def run(scale, chosen, out: Path, w: Work, args) -> int:
         result.update(device=device, device_name=_device_name(device),
                       versions=peers_env_mod.versions(penv), peers_missing=missing)
         ctx = Ctx(scale, w, result, penv, missing, device)
-        mean_tokens = _mean_tokens(ctx)
+        result.update(_sample_set(ctx))
+        mean_tokens = result["mean_tokens"]
         left = []
         for r in chosen:
             if r.name in state["runs"]:
@@ -230,18 +243,22 @@ def _data_tarball(w: Work, out: Path) -> None:
             tar.add(w.data(name), arcname=f"{name}.jsonl")
 
 
-def _mean_tokens(ctx: Ctx) -> float:
-    """Mean tokens of a training sample as every trainer encodes it (speculators' samples/s
-    come from its tokens/s)."""
+def _sample_set(ctx: Ctx) -> dict:
+    """The samples every trainer trains on (bench/peers_steps/samples.py): how many, and their
+    mean tokens as the pipeline cuts them (speculators' samples/s come from its tokens/s)."""
     from transformers import AutoTokenizer
 
-    from pipeline.data.encode import encode_conversation
-
     tok = AutoTokenizer.from_pretrained(ctx.target)
-    lens = [len(ids) for line in ctx.work.data("train").read_text().splitlines()
-            for ids, _ in encode_conversation(tok, json.loads(line)["messages"],
-                                              ctx.scale.data.max_length)]
-    return sum(lens) / max(1, len(lens))
+    rows = encoded_samples(tok, str(ctx.work.data("train")), ctx.scale.data.max_length,
+                           SampleSet.of(ctx.scale.data))
+    lens = [len(r["input_ids"]) for r in rows]
+    return {"trained_samples": len(rows), "mean_tokens": sum(lens) / max(1, len(lens))}
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _device_name(device: str) -> str:

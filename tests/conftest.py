@@ -180,6 +180,17 @@ def drafter_setup(random_target_dir, target_config):
 
 
 @pytest.fixture(scope="session")
+def tiny_tokenizer():
+    # Only the tokenizer of the tiny assets (same recipe, so the same vocabulary), built in
+    # about a second: the data tests need no model.
+    from pipeline.assets.corpus import pydoc_topics
+    from pipeline.assets.recipe import TinyRecipe
+    from pipeline.assets.tokenizer import build_tokenizer
+
+    return build_tokenizer([text for _, text in pydoc_topics()], TinyRecipe().vocab_size)
+
+
+@pytest.fixture(scope="session")
 def tiny_assets():
     """The embedded demo assets, built once (cached under DFLASH_ASSETS_DIR or ~/.cache)."""
     from pipeline.assets import ensure_tiny_assets

@@ -3,11 +3,13 @@ in the peers' environment), and its step and export lines read back."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 from bench.peers_steps.common import Ctx, Point, steady_rates
 from bench.peers_steps.runs import Run
+from bench.peers_steps.samples import SampleSet
 from bench.peers_steps.watch import Watched, python, run_watched
 
 _STEP = r"^PEERSTEP (\{.*\})"
@@ -31,6 +33,7 @@ def spec(run: Run, ctx: Ctx) -> dict:
     if run.name.endswith("our_shape"):
         over += arch_overrides(ctx)
     return {"target": ctx.target, "train": str(ctx.work.data("train")),
+            "sample_set": dataclasses.asdict(SampleSet.of(ctx.scale.data)),
             "out": str(ctx.run_dir(run)), "overrides": over,
             "marks": ctx.scale.mark_seconds, "max_steps": ctx.scale.max_steps}
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.peers_steps.samples import encoded_samples
+from bench.peers_steps.samples import SampleSet, encoded_samples
 
 # TrainingArguments fields of the recipe that are ModelOpt's own extensions, not HF's.
 _SPEC_ONLY = ("training_seq_len", "estimate_ar", "ar_validate_steps", "answer_only_loss",
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = transformers.AutoTokenizer.from_pretrained(spec["target"])
     mtsp.convert(model, [("dflash", recipe.dflash.model_dump())])
     seq_len = recipe.training.training_seq_len
-    rows = encoded_samples(tokenizer, spec["train"], seq_len)
+    rows = encoded_samples(tokenizer, spec["train"], seq_len, SampleSet(**spec["sample_set"]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     collator = PaddedCollator(seq_len, pad)
     trainer = transformers.Trainer(

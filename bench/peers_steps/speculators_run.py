@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.peers_steps.common import Checkpoint, Ctx, Point, pick, steady_rates
 from bench.peers_steps.runs import Run
-from bench.peers_steps.samples import encoded_samples
+from bench.peers_steps.samples import SampleSet, encoded_samples
 from bench.peers_steps.watch import Watched, python, run_watched
 from bench.peers_steps.zlab import from_speculators
 
@@ -63,7 +63,8 @@ def prepare(ctx: Ctx) -> Path:
     tok = AutoTokenizer.from_pretrained(ctx.target)
     seq = ctx.scale.data.max_length
     with open(rows_path, "w") as f:
-        for row in encoded_samples(tok, str(ctx.work.data("train")), seq):
+        for row in encoded_samples(tok, str(ctx.work.data("train")), seq,
+                                   SampleSet.of(ctx.scale.data)):
             f.write(json.dumps(row) + "\n")
     cmd = python("-m", "speculators", "prepare-data", "--model", ctx.target, "--data",
                  str(rows_path), "--output", str(dataset), "--seq-length", str(seq),

@@ -84,3 +84,17 @@ def test_out_is_required_except_for_the_install_alone(capsys, monkeypatch):
     monkeypatch.setattr(env, "peers_env", lambda allow_install: ({}, None))
     assert peers.main(["--install-peers"]) == 0
     assert capsys.readouterr().out.strip() == "the peers import"
+
+
+@pytest.mark.parametrize("argv", [["--scale", "gpu"], ["--scale", "tiny", "--device", "cuda"]])
+def test_cuda_without_a_cuda_device_is_refused_in_one_line_before_any_stage(argv, tmp_path,
+                                                                            capsys, monkeypatch):
+    from bench import peers
+
+    monkeypatch.setattr(peers, "_has_cuda", lambda: False)
+    with pytest.raises(SystemExit) as stop:
+        peers.main([*argv, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "runs on CUDA, and this machine has no CUDA device" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

@@ -1,21 +1,11 @@
-"""Fixtures for the data tests: the tiny demo tokenizer, built in about a second."""
+"""Fixtures for the data tests: JSONL files, and the tiny tokenizer with real chat templates
+(tests/conftest.py has the tiny demo tokenizer itself)."""
 
 import copy
 import json
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
-    # Only the tokenizer of the tiny assets (same recipe, so the same vocabulary): the data
-    # tests need no model.
-    from pipeline.assets.corpus import pydoc_topics
-    from pipeline.assets.recipe import TinyRecipe
-    from pipeline.assets.tokenizer import build_tokenizer
-
-    return build_tokenizer([text for _, text in pydoc_topics()], TinyRecipe().vocab_size)
 
 
 @pytest.fixture
