@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from pipeline.runtime.diskfull import write_atomic
+
 RANDOM_8B = "qwen3_8b_random"
 
 
@@ -99,7 +101,8 @@ def write(out, result: dict) -> None:
     if out:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        # whole or not at all: a run killed at its time-out is read back (bench/h200_decode.py)
+        write_atomic(out, json.dumps(result, indent=1) + "\n")
 
 
 def compare(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]],

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.card import LARGE_CARD_GB, card_gb
-from bench.run_log import last_line
+from bench.run_log import jsonl_rows, last_line
 from bench.scale.synthetic import build_target, write_chats
 
 
@@ -99,9 +99,7 @@ def _drafter_pid(root: int) -> int | None:
 
 
 def _rows(metrics: Path) -> list[dict]:
-    if not metrics.exists():
-        return []
-    return [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    return jsonl_rows(metrics)  # polled while the run appends to it
 
 
 def _command(args, target: Path, data: Path, run_dir: Path) -> list[str]:

@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench.run_log import jsonl_rows
 from bench.scale import lengths_mix
 
 TINY_SCALE = 256 / 3072  # --tiny: lengths shrunk to the tiny preset's max_length
@@ -103,7 +104,7 @@ def _train(name: str, config: tuple[str, list[str]], overrides: list[str], args,
             error = f"over --run-timeout {args.run_timeout} s"
     result = {"command": cmd, "wall_s": time.perf_counter() - t0}
     metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    rows = jsonl_rows(metrics)  # a run stopped at its time-out may end in half a row
     result.update(_steady_rate(rows, args.skip if name != "full_rows" else args.full_skip))
     if error:
         result["error"] = f"{error}: see lengths_{name}.log"

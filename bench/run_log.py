@@ -1,7 +1,9 @@
-"""What a sub-run's log says in one line, for a summary that must outlive the log."""
+"""What a sub-run left: its log in one line, for a summary that must outlive the log, and the
+rows of its JSONL files."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -20,3 +22,13 @@ def last_line(path: Path, limit: int = 300) -> str:
         return "no output"
     raised = [line for line in lines if _EXCEPTION.search(line)]
     return (raised or lines)[-1][:limit]
+
+
+def jsonl_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL file that a run may still be appending to, or was killed while
+    writing: a last line without its newline is a row half written, and is left out."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    whole = text if text.endswith("\n") else text[:text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]

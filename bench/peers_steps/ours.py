@@ -4,13 +4,13 @@ by Ctrl-C at its budget; the checkpoint nearest each mark exported by ``pipeline
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 from bench.peers_steps.common import Checkpoint, Ctx, Point, pick, steady_rates
 from bench.peers_steps.runs import Run
+from bench.run_log import jsonl_rows
 from bench.peers_steps.watch import python, run_watched
 from bench.real_model_scale import merge_overrides, trainer_overrides
 from bench.real_model_steps import gguf_path
@@ -28,8 +28,7 @@ def command(run: Run, ctx: Ctx) -> list[str]:
 
 
 def points(run_dir: Path) -> list[Point]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+    rows = jsonl_rows(run_dir / "metrics.jsonl")  # polled while the run appends to it
     out, samples, tokens = [], 0.0, 0.0
     for r in rows:
         if "train/samples" not in r:

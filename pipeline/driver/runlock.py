@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "run.lock"
 # A creator writes its record right after O_EXCL creates the file: a reader that finds it
-# empty waits this long for the record before calling the file unreadable.
-_WRITE_GRACE_S = 2.0
+# empty waits this long for the record before calling the file unreadable. Generous: on a
+# loaded machine a creator can stall for seconds between the two, and only a file a crash left
+# empty ever waits it out.
+_WRITE_GRACE_S = 10.0
 
 
 # The locks this process holds (path -> holder, takes): the entry point takes the lock before

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("gguf")
+# The race (its subprocess stops at 900 s) and, on a fresh machine, the peers' install first:
+# more than the suite's 600 s a test on a slow machine.
+pytestmark = pytest.mark.timeout(1200)
 ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"trainer", "recipe", "overrides", "command", "status", "time_to_first_step_s",
             "samples_per_s", "tokens_per_s", "peak_gpu_mib", "marks", "tau_humaneval",
@@ -55,6 +58,8 @@ def test_tiny_race_gives_every_cpu_trainer_a_decoded_tau(race):
     assert result["versions"]["nvidia-modelopt"] == "0.47.0"
     assert result["versions"]["speculators"] == "0.9.0"
     assert result["train_samples"] == 16 and result["notes"]
+    # every trainer's sample set is the pipeline's (bench/peers_steps/samples.py)
+    assert 1 <= result["trained_samples"] <= 16 and result["mean_tokens"] > 0
     for name in RUNS[:4]:
         row = result["runs"][name]
         assert row["status"] == "ok", (name, row.get("reason"), row.get("log_tail"))

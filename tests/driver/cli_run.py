@@ -38,6 +38,16 @@ def group_left(pgid):
     return left
 
 
+def group_gone(pgid, timeout_s=60.0) -> list:
+    """Wait until the process group ``pgid`` is empty; what is left of it then. The driver's
+    ray.shutdown() signals Ray's processes without waiting for them, so they end just after
+    the driver does."""
+    deadline = time.monotonic() + timeout_s
+    while (left := group_left(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def leftovers(out_dir):
     """What an unfinished checkpoint write leaves under out_dir/checkpoints (staging, aside)."""
     root = ckpt.checkpoint_root(out_dir)

@@ -118,13 +118,13 @@ def test_a_wait_for_held_resources_says_so_and_gives_up_in_one_line(ray_cluster,
         with caplog.at_level(logging.WARNING, logger="pipeline.driver.placement"):
             with pytest.raises(NotPlaced) as err:
                 wait_placed(pg.ready(), "a test group (1 x {CPU: 1000}) to be placed",
-                            timeout_s=1.5, every_s=0.5)
+                            timeout_s=3.0, every_s=0.5)
     finally:
         remove_placement_group(pg)
     line = str(err.value)
     assert "\n" not in line and isinstance(err.value, PreflightError)  # exit 2, one line
     assert line.startswith("gave up waiting for a test group (1 x {CPU: 1000}) to be placed "
-                           "after 1.5s: the Ray cluster has {CPU: ")
+                           "after 3s: the Ray cluster has {CPU: ")
     assert "cluster.placement_timeout_s" in line
     waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
     assert waits and all("a test group" in w and " free of {CPU: " in w for w in waits)

@@ -11,13 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.runlock import LOCK_NAME
 
-from tests.driver.cli_run import ROOT, group_left, wait_for
+from tests.driver.cli_run import ROOT, group_gone, wait_for
 
 # How long the job may take to end after its Ctrl-C: it waits stop_signals.GRACE_S at most for
 # its actors, then kills them; Ray's shutdown and the last line come after.
@@ -73,10 +72,7 @@ def test_a_live_folder_is_refused_and_ctrl_c_says_how_to_resume(tiny_assets, sma
                            for part in (late.stdout, late.stderr))
             raise AssertionError(f"the job did not end within {STOP_S} s of its Ctrl-C: "
                                  f"{text[-3000:]}") from None
-        deadline = time.monotonic() + 60  # Ray's processes go with the driver
-        while group_left(first.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not group_left(first.pid), "Ray or actor processes outlived the driver"
+        assert not group_gone(first.pid), "Ray or actor processes outlived the driver"
     finally:
         try:
             os.killpg(first.pid, signal.SIGKILL)

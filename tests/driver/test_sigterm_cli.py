@@ -14,7 +14,7 @@ import sys
 
 from pipeline.checkpoint import folders as ckpt
 from pipeline.driver.runlock import LOCK_NAME
-from tests.driver.cli_run import ROOT, group_left, leftovers, wait_for
+from tests.driver.cli_run import ROOT, group_gone, leftovers, wait_for
 
 
 @pytest.mark.slow
@@ -34,7 +34,7 @@ def test_sigterm_after_a_checkpoint_says_how_to_resume(tiny_assets, small_train_
         wait_for(lambda: ckpt.latest(out) is not None, job, "a durable checkpoint")
         os.kill(job.pid, signal.SIGTERM)
         text, _ = job.communicate(timeout=300)
-        assert not group_left(job.pid), "Ray or actor processes outlived the driver"
+        assert not group_gone(job.pid), "Ray or actor processes outlived the driver"
     finally:
         try:
             os.killpg(job.pid, signal.SIGKILL)
