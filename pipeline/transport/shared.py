@@ -209,21 +209,32 @@ def remove_dead_manager_folders(tmp: Optional[str] = None) -> list[str]:
     without a socket yet is a manager starting, left alone for a minute. Linux only (/proc);
     elsewhere nothing is removed. Returns the folders removed."""
     root = tmp or tempfile.gettempdir()
+    # The folders and their sockets first, the bound sockets after: bind() makes the socket's
+    # file, so a socket seen here and alive is in the list read next. Read the other way
+    # round, a manager that binds in between (another test worker's, starting) looks dead.
+    candidates = []
     try:
+        for name in os.listdir(root):
+            if not name.startswith(_MANAGER_PREFIX):
+                continue
+            folder = os.path.join(root, name)
+            sock = os.path.join(folder, "manager.sock")
+            try:
+                st = os.lstat(folder)
+            except OSError:
+                continue
+            has_sock = os.path.lexists(sock)
+            if st.st_uid == os.getuid() and \
+                    (has_sock or time.time() - st.st_mtime >= _STARTING_S):
+                candidates.append((folder, sock, has_sock))
         bound = {path for _, path in _unix_sockets()}
-        names = [n for n in os.listdir(root) if n.startswith(_MANAGER_PREFIX)]
     except OSError:
         return []
     removed = []
-    for name in names:
-        folder = os.path.join(root, name)
-        sock = os.path.join(folder, "manager.sock")
+    for folder, sock, has_sock in candidates:
+        if sock in bound:
+            continue
         try:
-            st = os.lstat(folder)
-            has_sock = os.path.lexists(sock)
-            if st.st_uid != os.getuid() or sock in bound or \
-                    (not has_sock and time.time() - st.st_mtime < _STARTING_S):
-                continue
             if has_sock:
                 os.unlink(sock)
             os.rmdir(folder)  # anything else in it: not a manager's folder, left alone

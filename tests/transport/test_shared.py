@@ -202,3 +202,29 @@ def test_dead_managers_folders_are_swept_and_live_or_starting_ones_kept(tmp_path
         ["torch-shm-dir-abandoned", "torch-shm-dir-dead"]
     assert sorted(p.name for p in tmp_path.iterdir()) == \
         ["torch-shm-dir-live", "torch-shm-dir-other", "torch-shm-dir-starting"]
+
+
+def test_a_manager_binding_during_the_sweep_is_not_taken_for_dead(tmp_path, monkeypatch):
+    """A manager (another test worker's) starts while the sweep runs: its socket is bound just
+    after the sweep read the bound sockets. Its folder must stay."""
+    import socket
+
+    from pipeline.transport import shared
+
+    live = socket.socket(socket.AF_UNIX)
+    read = shared._unix_sockets
+
+    def bound_then_a_manager_starts():
+        found = read()
+        path = tmp_path / "torch-shm-dir-new"
+        path.mkdir()
+        live.bind(str(path / "manager.sock"))
+        live.listen()
+        return found
+
+    monkeypatch.setattr(shared, "_unix_sockets", bound_then_a_manager_starts)
+    try:
+        assert remove_dead_manager_folders(str(tmp_path)) == []
+        assert (tmp_path / "torch-shm-dir-new" / "manager.sock").exists()
+    finally:
+        live.close()
