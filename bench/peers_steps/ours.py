@@ -10,10 +10,10 @@ from pathlib import Path
 
 from bench.peers_steps.common import Checkpoint, Ctx, Point, pick, steady_rates
 from bench.peers_steps.runs import Run
-from bench.run_log import jsonl_rows
 from bench.peers_steps.watch import python, run_watched
 from bench.real_model_scale import merge_overrides, trainer_overrides
 from bench.real_model_steps import gguf_path
+from bench.run_log import jsonl_rows
 
 
 def command(run: Run, ctx: Ctx) -> list[str]:
