@@ -13,26 +13,26 @@ from typing import Optional
 LARGE_CARD_GB = 100.0
 
 
-def card_gb() -> float | None:
-    """GPU 0's memory in GB, from nvidia-smi; None without one."""
+def _smi_mib(field: str) -> Optional[float]:
+    """GPU 0's ``field`` (memory.total, memory.used) in MiB, from nvidia-smi; None without one."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=30)
-        return float(out.stdout.split()[0]) * 2**20 / 1e9 if out.returncode == 0 else None
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
-
-
-def used_mib() -> Optional[float]:
-    """GPU 0's memory in use by every process (MiB), from nvidia-smi; None without one."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
                              timeout=30)
         return float(out.stdout.split()[0]) if out.returncode == 0 else None
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         return None
+
+
+def card_gb() -> float | None:
+    """GPU 0's memory in GB, from nvidia-smi; None without one."""
+    total = _smi_mib("memory.total")
+    return None if total is None else total * 2**20 / 1e9
+
+
+def used_mib() -> Optional[float]:
+    """GPU 0's memory in use by every process (MiB), from nvidia-smi; None without one."""
+    return _smi_mib("memory.used")
 
 
 class GpuMemory:
