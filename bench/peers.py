@@ -119,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     scale = SCALES[args.scale].with_sizes(budget_min=args.budget_min,
                                          stop_after_min=args.stop_after_min)
     if (args.device or scale.data.device) == "cuda" and not _has_cuda():
+        hint = "--device cpu" if args.device else "--device cpu, or --scale tiny"
         p.exit(2, f"{p.prog}: error: --scale {scale.name}"
                   f"{' --device cuda' if args.device else ''} runs on CUDA, and this machine has "
-                  "no CUDA device: --device cpu, or --scale tiny\n")
+                  f"no CUDA device: {hint}\n")
     out, work = Path(args.out).resolve(), Path(args.work).resolve()
     if work.exists() and any(work.iterdir()) and not (work / _MARKER).exists():
         p.exit(2, f"{p.prog}: error: --work {work} exists and was not made by this script\n")
